@@ -422,6 +422,17 @@ def test_group_query_attention_refuses_seqlens_past_the_present(gqa) -> None:  #
             exe["main"](*feeds.values())
 
 
+def test_group_query_attention_refuses_a_total_past_the_cache(gqa) -> None:  # type: ignore[no-untyped-def]
+    """A total_sequence_length above past + seq (here 6 for 4 + 1): onnxruntime refuses
+    the call; kiln's error names the input rather than the size it computes from it."""
+    model, exe = gqa
+    feeds = _gqa_feeds(model, np.random.default_rng(5), 2, 1, 4, [2, 2], 6)
+    with pytest.raises(Exception, match="total_sequence_length"):  # onnxruntime's own class
+        onnxruntime_outputs(model, feeds)
+    with pytest.raises(CallError, match="GroupQueryAttention: total_sequence_length is above"):
+        exe["main"](*feeds.values())
+
+
 @pytest.mark.parametrize(("change", "why"), [
     ({"inputs": {10: "bias"}}, "input attention_bias is not supported"),
     ({"attrs": {"smooth_softmax": 1}}, "smooth_softmax=1 is not supported"),

@@ -41,6 +41,10 @@ KERNEL_ERRORS: dict[int, str] = {
                          "larger than any allocation",
     # Data-dependent sizes (kiln.ops.data_dependent): a run-time k outside its axis.
     11: "topk: k is out of range [0, n] for an axis of size n",
+    # The same run-time size as GroupQueryAttention's present length (onnxruntime refuses
+    # a total_sequence_length above past + the new tokens).
+    12: "GroupQueryAttention: total_sequence_length is above the past length plus the "
+        "new sequence length",
     # A graph-level Loop with scan outputs (kiln.transform.lower_control_flow) that ran
     # more or fewer iterations than a scan output has slices.
     ERROR_LOOP_SCAN: "loop: the number of iterations differs from the length of a scan output",

@@ -55,6 +55,10 @@ from kiln.ops.registry import OPS, Attrs, OpDef, register_op, result_types
 I64 = "int64"
 # Kernel error codes of the checks here (kiln.ir.kernel_errors).
 TOPK_K_ERROR = 11
+GQA_TOTAL_ERROR = 12
+# The checks topk_k may report through its `error` attribute (the code of the op whose
+# run-time size it computes; topk's own by default).
+_RUNTIME_K_ERRORS = (TOPK_K_ERROR, GQA_TOTAL_ERROR)
 
 _RUNTIME_VARS: dict[str, t.Var] = {}
 
@@ -288,7 +292,15 @@ def _runtime_k_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     if k.dtype != I64 or not is_static(k.shape) or k.numel() != 1:
         raise IRError(f"topk: k must be one int64 value, got {k}")
     norm_axes(int(attrs["axis"]), x.ndim)
+    _runtime_k_error(attrs)
     return TensorType((runtime_dim(str(attrs["dim"])),), I64)
+
+
+def _runtime_k_error(attrs: Attrs) -> int:
+    code = int(attrs.get("error", TOPK_K_ERROR))
+    if code not in _RUNTIME_K_ERRORS:
+        raise IRError(f"topk_k: error {code} is none of {list(_RUNTIME_K_ERRORS)}")
+    return code
 
 
 def _runtime_k_bound(types: Sequence[TensorType], attrs: Attrs) -> Dim:
@@ -304,7 +316,8 @@ def _runtime_k_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: 
     kv = t.Var("k", I64)
     ok = (kv >= 0) & (kv <= n)
     return t.seq(decl, t.LetStmt(kv, flat[0]),
-                 t.Evaluate(t.Intrin(t.CHECK_INTRINSIC, (ok, t.const(TOPK_K_ERROR, "int32")))),
+                 t.Evaluate(t.Intrin(t.CHECK_INTRINSIC,
+                                     (ok, t.const(_runtime_k_error(attrs), "int32")))),
                  _loop("i", kv, lambda i: t.Store(out, i, (i,))),
                  t.Store(count, kv, (_e(0),)))
 
@@ -313,7 +326,7 @@ def _runtime_k_ref(k: np.ndarray, x: np.ndarray, **attrs: Any) -> np.ndarray:
     n = x.shape[norm_axes(int(attrs["axis"]), x.ndim)[0]]
     value = int(k.reshape(-1)[0])
     if not 0 <= value <= n:
-        raise CallError(error_message(TOPK_K_ERROR))
+        raise CallError(error_message(_runtime_k_error(attrs)))
     return np.arange(value, dtype=np.int64)
 
 

@@ -32,6 +32,7 @@ from kiln.frontend.onnx.converters.registry import GraphContext, onnx_op
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import dim_text, dims_equal
 from kiln.ir.types import Dim
+from kiln.ops.data_dependent import GQA_TOTAL_ERROR
 
 I64 = "int64"
 
@@ -143,7 +144,7 @@ def _present_iota(ctx: GraphContext, total: g.Expr, past: g.Expr, cat: g.Expr) -
     length = ctx.call("maximum", ctx.call("shape_of", past, start=2, end=3),
                       ctx.call("reshape", _i64(ctx, total), shape=(1,)))
     name = fresh_dim_name("present", next((o for o in ctx.node_outputs[1:] if o), "length"))
-    return ctx.call("topk_k", length, cat, axis=2, dim=name)
+    return ctx.call("topk_k", length, cat, axis=2, dim=name, error=GQA_TOTAL_ERROR)
 
 
 @dataclass(frozen=True)
