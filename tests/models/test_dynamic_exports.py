@@ -209,8 +209,9 @@ def test_decoder_with_a_cache_as_exported(compiled: Compiled, tmp_path: Path) ->
 
 
 def _check_c_program(compiled: Compiled, prompt: np.ndarray, tmp: Path) -> None:
-    """examples/c_deploy/generate.c, plain C over the exported library, generates the
-    tokens kiln.generate does from the same library (one row: the program's batch)."""
+    """examples/c_deploy/generate.c, plain C over the exported library, and
+    generate_entry.c, through the library's generation entry, generate the tokens
+    kiln.generate does from the same library (one row: generate.c's batch)."""
     lib = compiled.exes["llvm"].export_library(tmp / "decoder.so")
     program = build_c_program(EXAMPLES / "generate.c", tmp / "generate")
     pasts = [i for i in compiled.decoder.inputs if "past_seq" in i.dims]
@@ -219,4 +220,10 @@ def _check_c_program(compiled: Compiled, prompt: np.ndarray, tmp: Path) -> None:
                            f"{len(pasts)}:{heads}:{head_dim}", *map(str, prompt[0])],
                           capture_output=True, text=True, timeout=300, check=True)
     want = kiln.generate(kiln.runtime.load_module(lib), prompt, STEPS)[0]
+    assert [int(t) for t in done.stdout.split()] == want.tolist()
+    # The library's own C loop, `kiln__generate_main` (examples/c_deploy/generate_entry.c).
+    program = build_c_program(EXAMPLES / "generate_entry.c", tmp / "generate_entry")
+    done = subprocess.run([str(program), str(lib), "kiln_", "main", str(STEPS), "1", "-1", "0",
+                           *map(str, prompt[0])], capture_output=True, text=True, timeout=300,
+                          check=True)
     assert [int(t) for t in done.stdout.split()] == want.tolist()

@@ -10,6 +10,9 @@ Hugging Face's (`input_ids`, `attention_mask`, `position_ids`, `past_key_values.
 
 from __future__ import annotations
 
+import ctypes
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +20,7 @@ import pytest
 from onnx import TensorProto
 
 import kiln
+from support.c_programs import EXAMPLES, build_c_program
 from support.graphs import GraphBuilder
 
 VOCAB, D, MAX_POS = 23, 8, 64
@@ -27,7 +31,7 @@ STEPS = 12
 pytestmark = pytest.mark.xdist_group("generation")
 
 
-def _decoder(seed: int = 0) -> tuple[Any, dict[str, np.ndarray]]:
+def _decoder(seed: int = 0, *, bias: bool = True) -> tuple[Any, dict[str, np.ndarray]]:
     b = GraphBuilder(seed)
     rng = np.random.default_rng(seed)
     w = {"emb": rng.standard_normal((VOCAB, D)).astype(np.float32),
@@ -38,7 +42,6 @@ def _decoder(seed: int = 0) -> tuple[Any, dict[str, np.ndarray]]:
     mask = b.input("attention_mask", ["batch", "total"], TensorProto.INT64)
     pos = b.input("position_ids", ["batch", "seq"], TensorProto.INT64)
     past = b.input("past_key_values.0.key", ["batch", 1, "past_seq", D])
-    bias = b.input("bias", ["batch", D])
     h = b.op("Add", b.op("Gather", "emb", ids), b.op("Gather", "pos", pos))
     b.node("Concat", [past, b.op("Unsqueeze", h, b.const(np.array([1]), "ax"))],
            ["present.0.key"], axis=2)
@@ -46,7 +49,9 @@ def _decoder(seed: int = 0) -> tuple[Any, dict[str, np.ndarray]]:
                  to=TensorProto.FLOAT)                                  # [batch, 1]
     ctx = b.op("Div", b.op("ReduceSum", "present.0.key", b.const(np.array([2]), "ax"),
                            keepdims=0), b.op("Unsqueeze", total, b.const(np.array([2]), "ax")))
-    ctx = b.op("Add", ctx, b.op("Unsqueeze", bias, b.const(np.array([1]), "ax")))
+    if bias:
+        ctx = b.op("Add", ctx, b.op("Unsqueeze", b.input("bias", ["batch", D]),
+                                    b.const(np.array([1]), "ax")))
     b.node("MatMul", [b.op("Add", h, ctx), "head"], ["logits"])       # ctx [batch, 1, D]
     b.output("logits", ["batch", "seq", VOCAB])
     b.output("present.0.key", ["batch", 1, "total", D])
@@ -159,3 +164,44 @@ def test_a_function_without_a_cache_is_refused_by_name() -> None:
     f = kiln.compile(kiln.frontend.from_onnx(b.model()), "llvm")["main"]
     with pytest.raises(kiln.UsageError, match="no past key/value inputs"):
         kiln.generate(f, np.zeros((1, 2), np.int64), 2, inputs={})
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_the_library_generates_from_plain_c(target: str, tmp_path: Path) -> None:
+    """A decoder's library has `{prefix}_generate_main` (the same loop, in C):
+    examples/c_deploy/generate_entry.c calls it; its tokens are kiln.generate's, with
+    and without a stop token, and a failed step's message reaches the program."""
+    model, w = _decoder(bias=False)
+    lib = kiln.compile(kiln.frontend.from_onnx(model), target).export_library(
+        tmp_path / "decoder.so")
+    program = build_c_program(EXAMPLES / "generate_entry.c", tmp_path / "generate")
+    loaded = kiln.runtime.load_module(lib)
+
+    def run(stop: int, pad: int, prompt: np.ndarray = PROMPT) -> subprocess.CompletedProcess:
+        return subprocess.run([str(program), str(lib), "kiln_", "main", str(STEPS),
+                               str(len(prompt)), str(stop), str(pad),
+                               *map(str, prompt.reshape(-1))],
+                              capture_output=True, text=True, timeout=120)
+
+    greedy = kiln.generate(loaded, PROMPT, STEPS)
+    np.testing.assert_array_equal(greedy, _reference_greedy(w, np.zeros((1, D), np.float32),
+                                                            STEPS))
+    done = run(-1, 0)
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.loadtxt(done.stdout.splitlines(), np.int64), greedy)
+    stop = int(greedy[0, 2])
+    done = run(stop, -1)
+    assert done.returncode == 0, done.stderr
+    want = kiln.generate(loaded, PROMPT, STEPS, stop_tokens=[stop], pad_token=-1)
+    np.testing.assert_array_equal(
+        np.loadtxt(done.stdout.splitlines(), np.int64, ndmin=2), want)
+    done = run(-1, 0, np.array([[1, VOCAB + 5]]))
+    assert done.returncode == 2 and "gather: an index is out of range" in done.stderr
+
+
+def test_a_decoder_with_other_inputs_has_no_c_loop(built: Any, tmp_path: Path) -> None:
+    """The C loop cannot give an encoder's states: a decoder taking them (here `bias`)
+    gets no `{prefix}_generate_main` (kiln.generate's `inputs=` is the way there)."""
+    exe, _, _ = built
+    lib = ctypes.CDLL(str(exe.export_library(tmp_path / "decoder.so")))
+    assert hasattr(lib, "kiln__output_shapes_main") and not hasattr(lib, "kiln__generate_main")

@@ -44,7 +44,9 @@ from kiln.artifact import Artifact
 from kiln.codegen.cfamily.helpers import DIM_RUNTIME_FILE, Helpers
 from kiln.codegen.cfamily.printer import HELPER_PREFIX, CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype, qualifiers
+from kiln.codegen.decoder_layout import DecoderLayout, decoder_layout
 from kiln.codegen.host_dims import TensorArg, dim_c, dim_check, emit_binding, or_return
+from kiln.codegen.host_generate import generate_entry
 from kiln.codegen.naming import (
     C_TYPE_NAMES,
     check_prefix,
@@ -246,6 +248,7 @@ class HostPrinter:
         for name, fn in funcs.items():
             entries.extend(self.entry(name, fn))
             entries.append("")
+        generating = self.generate_entries()
         config = [check_messages_define(own_check_messages(self.mod)),
                   *cpu_features_config(self.prefix, self.cpu_features)]
         config += self.profile_config()
@@ -254,6 +257,8 @@ class HostPrinter:
             alloc, free = workspace_symbols(self.prefix)
             config += [f"#define KILN_WORKSPACE_ALLOC {alloc}",
                        f"#define KILN_WORKSPACE_FREE {free}"]
+        if generating:
+            config.append("#define KILN_HOST_GENERATE 1")
         if self.parallel:
             config += ["#define KILN_HOST_PARALLEL 1",
                        f"#define KILN_PARALLEL_FOR {parallel_for_symbol(self.prefix)}",
@@ -274,9 +279,20 @@ class HostPrinter:
             "",
             *self.helper_lines(),
             *entries,
+            *generating,
             *self.accessors(),
         ]
         return "\n".join(out).rstrip("\n") + "\n"
+
+    def generate_entries(self) -> list[str]:
+        """`{prefix}_generate_{fn}` for each decoder function (kiln.codegen.host_generate)."""
+        out: list[str] = []
+        for name, signature in self.metadata.get("functions", {}).items():
+            if signature.get("generate_symbol"):  # kiln.codegen.naming.function_signature
+                layout = decoder_layout(signature)
+                assert isinstance(layout, DecoderLayout), layout
+                out += generate_entry(self.prefix, self.ns, name, layout)
+        return out
 
     def profile_config(self) -> list[str]:
         """The #defines of kiln_host.c's profiling counters (none without profile sites)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln import __version__, dim_expr
+from kiln.codegen.decoder_layout import DecoderLayout, decoder_layout
 from kiln.errors import CompileError, FormatError
 from kiln.escape import is_c_identifier, symbol_name
 from kiln.ir.aliasing import analyze
@@ -63,7 +64,10 @@ LIBRARY_FORMAT = "kiln.library"
 #     Also: `"dims"` minima default to 0, and an optional `"nonzero"` list of sizes the
 #     model divides by (docs/dynamic-shapes.md, "Zero sizes"); the entry checks them
 #     itself, so a runtime that ignores the key still refuses such a call.
-LIBRARY_FORMAT_VERSION = 5
+#   6 (2026-11-27): `"generate_symbol"` on a decoder graph function (kiln.codegen.decoder_layout),
+#     the exported greedy generation entry `{prefix}_generate_{name}` (docs/abi.md,
+#     "Generation"). Every key of version 5 is unchanged.
+LIBRARY_FORMAT_VERSION = 6
 
 
 # Longest system_lib_prefix: it starts every symbol of the library.
@@ -117,6 +121,12 @@ def output_shapes_symbol(prefix: str, name: str) -> str:
     """The entry that tells a caller the result shapes of a graph function with symbolic
     dimensions (docs/abi.md): `{prefix}_output_shapes_{name}`."""
     return f"{prefix}_output_shapes_{symbol_name(name)}"
+
+
+def generate_symbol(prefix: str, name: str) -> str:
+    """The greedy generation entry of a decoder function (docs/abi.md, "Generation"):
+    `{prefix}_generate_{name}`."""
+    return f"{prefix}_generate_{symbol_name(name)}"
 
 
 def last_error_symbol(prefix: str) -> str:
@@ -214,7 +224,7 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
             {"name": n, "bound": b,
              "places": [{"result": k, "axis": a, "actual": text} for k, a, text in places]}
             for n, b, places in runtime]
-    return {
+    signature = {
         "name": name,
         "symbol": entry_symbol(prefix, name),
         **extra,
@@ -224,6 +234,9 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
         "results": results,
         "tuple_result": bool(fn.attrs.get(ATTR_TUPLE_RESULT, False)),
     }
+    if signature["kind"] == "graph" and isinstance(decoder_layout(signature), DecoderLayout):
+        signature["generate_symbol"] = generate_symbol(prefix, name)  # docs/abi.md
+    return signature
 
 
 def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]:

@@ -374,6 +374,9 @@ def abi_symbols(metadata: Mapping[str, Any], prefix: str) -> list[str]:
     # graph functions with symbolic dimensions: the entry telling C callers result shapes
     symbols += [str(sig["output_shapes_symbol"]) for sig in functions.values()
                 if sig.get("output_shapes_symbol")]
+    # decoders with a cache: the greedy generation loop in C (docs/abi.md, "Generation")
+    symbols += [str(sig["generate_symbol"]) for sig in functions.values()
+                if sig.get("generate_symbol")]
     if metadata.get("profile"):  # built with profile=True: the counters' accessors
         symbols += [f"{prefix}_{name}" for name in ("profile_read", "profile_reset")]
     symbols += [f"{prefix}_{name}" for name in POOL_EXPORTS]  # the thread pool's controls

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 LIBRARY_FORMAT = "kiln.library"
 SOURCE_FORMATS = ("c", "ll", "asm")
-MAX_LIBRARY_VERSION = 5  # newest library metadata version this runtime reads
+MAX_LIBRARY_VERSION = 6  # newest library metadata version this runtime reads
 
 
 class Module:
@@ -471,6 +471,10 @@ def _check_signature(name: str, sig: Any) -> None:
     if dims and (not isinstance(shapes, str) or not shapes.isascii()
                  or not shapes.replace("_", "a").isidentifier()):
         raise fail(f"output_shapes_symbol {shapes!r} is not a C identifier")
+    generate = sig.get("generate_symbol")
+    if generate is not None and (not isinstance(generate, str) or not generate.isascii()
+                                 or not generate.replace("_", "a").isidentifier()):
+        raise fail(f"generate_symbol {generate!r} is not a C identifier")
 
 
 def _is_size(value: Any) -> bool:

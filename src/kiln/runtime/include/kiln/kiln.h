@@ -136,6 +136,19 @@ typedef int32_t (*KilnPackedFunc)(const KilnValue *args, const int32_t *type_cod
 typedef int32_t (*KilnOutputShapesFunc)(const KilnValue *args, const int32_t *type_codes,
                                         int32_t num_args, int64_t *shapes);
 
+/*
+ * `{prefix}_generate_{name}` of a decoder function with a key/value cache (docs/abi.md,
+ * "Generation"): greedy generation of up to `max_new_tokens` tokens after each row of
+ * `prompt` (int64 [batch, prompt_len]) into `out_ids` (int64 [batch, max_new_tokens]);
+ * `*out_steps` is the number generated per row. A row that produced one of the `n_stop`
+ * `stop_tokens` continues with `pad_token`; the loop ends when every row has. Returns 0,
+ * or non-zero with the message in `{prefix}_last_error()`.
+ */
+typedef int32_t (*KilnGenerateFunc)(const int64_t *prompt, int64_t batch, int64_t prompt_len,
+                                    int64_t max_new_tokens, const int64_t *stop_tokens,
+                                    int32_t n_stop, int64_t pad_token, int64_t *out_ids,
+                                    int64_t *out_steps);
+
 /* `{prefix}_last_error` and `{prefix}_metadata`. */
 typedef const char *(*KilnStringFunc)(void);
 

@@ -1549,3 +1549,5 @@ KILN_EXPORT void KILN_PROFILE_RESET(void) {
 }
 
 #endif /* KILN_HOST_PROFILE */
+
+#include "kiln_generate.c"

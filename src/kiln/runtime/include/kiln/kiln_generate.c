@@ -1,0 +1,320 @@
+/* ------------------------------------------------------- greedy generation
+   kiln_host.c's part for `{prefix}_generate_{fn}` (docs/abi.md, "Generation"): the loop of
+   kiln.generate, greedy, over a decoder function with a key/value cache. host.c describes
+   the function's roles in a kiln_host_decoder (kiln.codegen.host_generate) and defines
+   KILN_HOST_GENERATE. The prompt runs as one call from an empty cache, then one token a
+   row per call; each call's presents become the next call's pasts; a row that produced a
+   stop token continues with the pad token, and the loop ends when every row has. */
+#if defined(KILN_HOST_GENERATE)
+#include <stdlib.h>
+
+typedef int32_t (*kiln_host_packed_fn)(const KilnValue* args, const int32_t* type_codes,
+    int32_t num_args);
+typedef int32_t (*kiln_host_shapes_fn)(const KilnValue* args, const int32_t* type_codes,
+    int32_t num_args, int64_t* shapes);
+
+/* The most dimensions of a decoder's argument, and what a parameter's dimension is
+   when it is not a fixed size (kiln_host_decoder.dims). */
+#define KILN_HOST_GEN_RANK 8
+/* The most dimensions of all a decoder's results together. */
+#define KILN_HOST_GEN_RESULT_DIMS 1024
+enum {
+  KILN_HOST_GEN_BATCH = -1,   /* the prompt's rows */
+  KILN_HOST_GEN_CACHED = -2,  /* the positions cached before this call */
+  KILN_HOST_GEN_NEW = -3,     /* this call's new positions (the prompt, then 1) */
+  KILN_HOST_GEN_TOTAL = -4    /* cached + new (an attention mask's length) */
+};
+
+typedef struct {
+  const char* name;           /* the function, for messages */
+  kiln_host_packed_fn call;
+  kiln_host_shapes_fn shapes;
+  int32_t n_params, n_results;
+  const DLDataType* dtypes;   /* the parameters', then the results' */
+  const int32_t* ranks;       /* likewise */
+  const int64_t* dims;        /* KILN_HOST_GEN_RANK per parameter: a size or a GEN code */
+  int32_t ids, mask, positions, cache_position;  /* parameter indices, -1 if absent */
+  int32_t logits;             /* a result index: float32 [batch, new, vocab] */
+  int32_t n_pasts;
+  const int32_t* pasts;       /* parameter indices */
+  const int32_t* presents;    /* result indices, in the pasts' order */
+} kiln_host_decoder;
+
+/* The bytes of a tensor of `shape`, or -1 when they overflow size_t. */
+static int64_t kiln_host_gen_bytes(const int64_t* shape, int32_t rank, DLDataType t) {
+  int64_t n = (int64_t)((t.bits + 7) / 8);
+  int32_t d;
+  for (d = 0; d < rank; ++d) {
+    if (shape[d] < 0 || (shape[d] != 0 && n > INT64_MAX / shape[d])) {
+      return -1;
+    }
+    n *= shape[d];
+  }
+  return n;
+}
+
+/* A buffer of `bytes` (at least one byte: an empty tensor still has an address). */
+static void* kiln_host_gen_alloc(int64_t bytes) {
+  if (bytes < 0 || (uint64_t)bytes > (uint64_t)SIZE_MAX) {
+    return NULL;
+  }
+  return malloc(bytes > 0 ? (size_t)bytes : 1);
+}
+
+/* Element `i` of an int32 or int64 tensor. */
+static void kiln_host_gen_put(void* data, DLDataType t, int64_t i, int64_t v) {
+  if (t.bits == 32) {
+    ((int32_t*)data)[i] = (int32_t)v;
+  } else {
+    ((int64_t*)data)[i] = v;
+  }
+}
+
+/* The index of the largest of `n` floats: the first one on a tie, and the first NaN if
+   there is one, as numpy.argmax. */
+static int64_t kiln_host_gen_argmax(const float* row, int64_t n) {
+  int64_t best = 0, i;
+  if (row[0] != row[0]) {
+    return 0;
+  }
+  for (i = 1; i < n; ++i) {
+    if (row[i] != row[i]) {
+      return i;
+    }
+    if (row[i] > row[best]) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+/* The state of one generation: every buffer it owns, freed by kiln_host_gen_free. */
+typedef struct {
+  KilnValue* args;
+  int32_t* codes;
+  DLTensor* tensors;
+  int64_t* shapes;            /* KILN_HOST_GEN_RANK per argument */
+  void** data;                /* each argument's buffer (the pasts' live in `past`) */
+  void** past;                /* the cache, one buffer per past */
+  int64_t* step_ids;          /* [batch, new] this call's token ids */
+  unsigned char* finished;
+} kiln_host_gen_state;
+
+static void kiln_host_gen_free_args(const kiln_host_decoder* d, kiln_host_gen_state* s) {
+  int32_t i;
+  for (i = 0; i < d->n_params + d->n_results; ++i) {
+    free(s->data[i]);
+    s->data[i] = NULL;
+  }
+}
+
+static void kiln_host_gen_free(const kiln_host_decoder* d, kiln_host_gen_state* s) {
+  int32_t i;
+  if (s->data != NULL) {
+    kiln_host_gen_free_args(d, s);
+  }
+  for (i = 0; s->past != NULL && i < d->n_pasts; ++i) {
+    free(s->past[i]);
+  }
+  free(s->args);
+  free(s->codes);
+  free(s->tensors);
+  free(s->shapes);
+  free(s->data);
+  free(s->past);
+  free(s->step_ids);
+  free(s->finished);
+}
+
+static void kiln_host_gen_tensor(kiln_host_gen_state* s, int32_t i, void* data, int32_t rank,
+    DLDataType t) {
+  DLTensor* x = &s->tensors[i];
+  x->data = data;
+  x->device.device_type = KILN_DEVICE_CPU;
+  x->device.device_id = 0;
+  x->ndim = rank;
+  x->dtype = t;
+  x->shape = s->shapes + (int64_t)i * KILN_HOST_GEN_RANK;
+  x->strides = NULL;
+  x->byte_offset = 0;
+  s->args[i].v_handle = x;
+  s->codes[i] = KILN_ARG_DLTENSOR;
+}
+
+/* Parameter `i`'s tensor for a call of `new` positions after `cached` ones: its shape
+   from the decoder's codes, its data the cache (a past) or a new buffer of its role. */
+static int32_t kiln_host_gen_param(const kiln_host_decoder* d, kiln_host_gen_state* s,
+    int32_t i, int64_t batch, int64_t cached, int64_t step_new) {
+  int64_t* shape = s->shapes + (int64_t)i * KILN_HOST_GEN_RANK;
+  int64_t bytes, r, j, rows, k;
+  int32_t dim, p;
+  void* data;
+  for (dim = 0; dim < d->ranks[i]; ++dim) {
+    int64_t code = d->dims[(int64_t)i * KILN_HOST_GEN_RANK + dim];
+    shape[dim] = code >= 0 ? code : code == KILN_HOST_GEN_BATCH ? batch
+        : code == KILN_HOST_GEN_CACHED ? cached : code == KILN_HOST_GEN_NEW ? step_new
+        : cached + step_new;
+  }
+  for (p = 0; p < d->n_pasts; ++p) {
+    if (d->pasts[p] == i) {
+      kiln_host_gen_tensor(s, i, s->past[p], d->ranks[i], d->dtypes[i]);
+      return 0;
+    }
+  }
+  bytes = kiln_host_gen_bytes(shape, d->ranks[i], d->dtypes[i]);
+  data = s->data[i] = kiln_host_gen_alloc(bytes);
+  if (data == NULL) {
+    return kiln_host_fail("%s: generate: out of memory for an input of %lld bytes", d->name,
+        (long long)bytes);
+  }
+  rows = d->ranks[i] == 2 ? shape[0] : 1;
+  k = d->ranks[i] == 0 ? 1 : shape[d->ranks[i] - 1];
+  for (r = 0; r < rows; ++r) {
+    for (j = 0; j < k; ++j) {
+      int64_t v = i == d->ids ? s->step_ids[r * step_new + j] : i == d->mask ? 1 : cached + j;
+      kiln_host_gen_put(data, d->dtypes[i], r * k + j, v);
+    }
+  }
+  kiln_host_gen_tensor(s, i, data, d->ranks[i], d->dtypes[i]);
+  return 0;
+}
+
+/* One call of the decoder for `new` positions after `cached`; on success the results'
+   buffers are in s->data[n_params + j]. */
+static int32_t kiln_host_gen_call(const kiln_host_decoder* d, kiln_host_gen_state* s,
+    int64_t batch, int64_t cached, int64_t step_new) {
+  int64_t flat[KILN_HOST_GEN_RESULT_DIMS], offset = 0, bytes;
+  int32_t i, status;
+  for (i = d->n_params; i < d->n_params + d->n_results; ++i) {
+    offset += d->ranks[i];
+  }
+  if (offset > KILN_HOST_GEN_RESULT_DIMS) {
+    return kiln_host_fail("%s: generate: the results have %lld dimensions, over %d", d->name,
+        (long long)offset, KILN_HOST_GEN_RESULT_DIMS);
+  }
+  offset = 0;
+  for (i = 0; i < d->n_params; ++i) {
+    status = kiln_host_gen_param(d, s, i, batch, cached, step_new);
+    if (status != 0) {
+      return status;
+    }
+  }
+  status = d->shapes(s->args, s->codes, d->n_params, flat);
+  if (status != 0) {
+    return status;
+  }
+  for (i = d->n_params; i < d->n_params + d->n_results; ++i) {
+    memcpy(s->shapes + (int64_t)i * KILN_HOST_GEN_RANK, flat + offset,
+        (size_t)d->ranks[i] * sizeof(int64_t));
+    offset += d->ranks[i];
+    bytes = kiln_host_gen_bytes(s->shapes + (int64_t)i * KILN_HOST_GEN_RANK, d->ranks[i],
+        d->dtypes[i]);
+    s->data[i] = kiln_host_gen_alloc(bytes);
+    if (s->data[i] == NULL) {
+      return kiln_host_fail("%s: generate: out of memory for a result of %lld bytes", d->name,
+          (long long)bytes);
+    }
+    kiln_host_gen_tensor(s, i, s->data[i], d->ranks[i], d->dtypes[i]);
+  }
+  return d->call(s->args, s->codes, d->n_params + d->n_results);
+}
+
+/* After a call: each row's token from its last position's logits, the presents kept as
+   the cache. Returns how many rows are finished. */
+static int64_t kiln_host_gen_choose(const kiln_host_decoder* d, kiln_host_gen_state* s,
+    int64_t batch, const int64_t* stops, int32_t n_stop, int64_t pad, int64_t* out,
+    int64_t stride) {
+  int32_t li = d->n_params + d->logits, p, k;
+  const int64_t* ls = s->shapes + (int64_t)li * KILN_HOST_GEN_RANK;
+  const float* logits = (const float*)s->data[li];
+  int64_t r, done = 0;
+  for (r = 0; r < batch; ++r) {
+    int64_t token = s->finished[r] ? pad
+        : kiln_host_gen_argmax(logits + (r * ls[1] + ls[1] - 1) * ls[2], ls[2]);
+    for (k = 0; k < n_stop; ++k) {
+      s->finished[r] |= (unsigned char)(token == stops[k]);
+    }
+    done += s->finished[r];
+    out[r * stride] = token;
+    s->step_ids[r] = token;
+  }
+  for (p = 0; p < d->n_pasts; ++p) {
+    int32_t ri = d->n_params + d->presents[p];
+    free(s->past[p]);
+    s->past[p] = s->data[ri];
+    s->data[ri] = NULL;
+  }
+  return done;
+}
+
+static int32_t kiln_host_gen_start(const kiln_host_decoder* d, kiln_host_gen_state* s,
+    const int64_t* prompt, int64_t batch, int64_t prompt_len) {
+  size_t n = (size_t)(d->n_params + d->n_results);
+  int32_t p;
+  memset(s, 0, sizeof *s);
+  if ((uint64_t)batch > (uint64_t)SIZE_MAX / sizeof(int64_t) / (uint64_t)prompt_len) {
+    return kiln_host_fail("%s: generate: a prompt of %lld x %lld tokens is too large", d->name,
+        (long long)batch, (long long)prompt_len);
+  }
+  s->args = (KilnValue*)calloc(n, sizeof *s->args);
+  s->codes = (int32_t*)calloc(n, sizeof *s->codes);
+  s->tensors = (DLTensor*)calloc(n, sizeof *s->tensors);
+  s->shapes = (int64_t*)calloc(n * KILN_HOST_GEN_RANK, sizeof *s->shapes);
+  s->data = (void**)calloc(n, sizeof *s->data);
+  s->past = (void**)calloc((size_t)d->n_pasts + 1, sizeof *s->past);
+  s->step_ids = (int64_t*)malloc((size_t)(batch * prompt_len) * sizeof *s->step_ids);
+  s->finished = (unsigned char*)calloc((size_t)batch, 1);
+  if (!s->args || !s->codes || !s->tensors || !s->shapes || !s->data || !s->past
+      || !s->step_ids || !s->finished) {
+    return kiln_host_fail("%s: generate: out of memory", d->name);
+  }
+  for (p = 0; p < d->n_pasts; ++p) {
+    if ((s->past[p] = malloc(1)) == NULL) {  /* the empty cache */
+      return kiln_host_fail("%s: generate: out of memory", d->name);
+    }
+  }
+  memcpy(s->step_ids, prompt, (size_t)(batch * prompt_len) * sizeof *s->step_ids);
+  return 0;
+}
+
+/* Greedy generation (the entry `{prefix}_generate_{fn}`): up to `max_new` tokens after
+   each of the `batch` rows of `prompt` ([batch, prompt_len] int64), written to `out`
+   ([batch, max_new] int64; *steps the tokens generated per row). Returns 0, or the
+   failed call's status with its message in `{prefix}_last_error`. */
+static KILN_UNUSED int32_t kiln_host_generate(const kiln_host_decoder* d,
+    const int64_t* prompt, int64_t batch, int64_t prompt_len, int64_t max_new,
+    const int64_t* stops, int32_t n_stop, int64_t pad, int64_t* out, int64_t* steps) {
+  kiln_host_gen_state s;
+  int64_t cached = 0, step_new = prompt_len, step;
+  int32_t status;
+  if (steps != NULL) {
+    *steps = 0;
+  }
+  if (prompt == NULL || out == NULL || steps == NULL || (n_stop > 0 && stops == NULL)) {
+    return kiln_host_fail("%s: generate: prompt, out and steps must not be NULL (nor "
+        "stop_tokens when n_stop > 0)", d->name);
+  }
+  if (batch < 1 || prompt_len < 1 || max_new < 0 || n_stop < 0) {
+    return kiln_host_fail("%s: generate: batch %lld and prompt length %lld must be >= 1, "
+        "max_new_tokens %lld and n_stop %d >= 0", d->name, (long long)batch,
+        (long long)prompt_len, (long long)max_new, (int)n_stop);
+  }
+  status = kiln_host_gen_start(d, &s, prompt, batch, prompt_len);
+  for (step = 0; status == 0 && step < max_new; ++step) {
+    status = kiln_host_gen_call(d, &s, batch, cached, step_new);
+    if (status == 0) {
+      int64_t done = kiln_host_gen_choose(d, &s, batch, stops, n_stop, pad, out + step,
+          max_new);
+      kiln_host_gen_free_args(d, &s);
+      *steps = step + 1;
+      cached += step_new;
+      step_new = 1;
+      if (done == batch) {
+        break;
+      }
+    }
+  }
+  kiln_host_gen_free(d, &s);
+  return status;
+}
+#endif /* KILN_HOST_GENERATE */
