@@ -29,7 +29,7 @@ import kiln
 from kiln.distributed.tune import discover
 from kiln.ir.tensor import For
 from kiln.ir.visitor import iter_stmts
-from kiln.kernels.conv.winograd import weight_transform
+from kiln.kernels.conv.winograd import MIN_PARALLEL_IMAGES, weight_transform
 from kiln.kernels.tiles import tile_lanes
 from kiln.ops.winograd import matrices, weight_untransform
 from kiln.target.isa import isa_for
@@ -301,3 +301,36 @@ def test_winograd_built_for_aarch64_matches_under_qemu(tmp_path: Path,
     got = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.float32).reshape(shape)
     (ref,) = onnxruntime_outputs(model, {"x": x})
     assert np.abs(got - ref).max() / np.abs(ref).max() < BOUND[4]
+
+
+def _batched_model(batch: int | str) -> onnx.ModelProto:
+    """Conv 3x3 32 > 32 (bias) + residual Add + Relu over `batch` images."""
+    b = GraphBuilder(8)
+    y = b.op("Conv", "x", b.weight(32, 32, 3, 3),
+             b.const(b.rng.normal(0, 0.1, 32).astype(np.float32), "b"),
+             kernel_shape=[3, 3], pads=[1] * 4)
+    y = b.op("Relu", b.op("Add", y, "r"))
+    shape = [batch, 32, 10, 10]
+    return b.model([value_info("x", shape), value_info("r", shape)],
+                   [value_info(y, shape)], 17, "wino_batch")
+
+
+@pytest.mark.parametrize("kind,batch", [("llvm", "n"), ("c", 4)])
+def test_winograd_runs_the_images_of_a_batch_in_parallel(kind: str, batch: int | str) -> None:
+    """From MIN_PARALLEL_IMAGES images each thread takes whole images, on workspaces of
+    its own (a symbolic batch chooses at run time): onnxruntime's result either way."""
+    model = _batched_model(batch)
+    ex = kiln.compile(model, native_target(kind))
+    assert "conv2d_winograd" in ex.ir.script()
+    lib = ex.jit()
+    lib.set_num_threads(2)
+    rng = np.random.default_rng(9)
+    try:
+        for n in ([2, MIN_PARALLEL_IMAGES + 1] if batch == "n" else [batch]):
+            x = rng.standard_normal((n, 32, 10, 10)).astype(np.float32)
+            r = rng.standard_normal((n, 32, 10, 10)).astype(np.float32)
+            got = np.asarray(lib["main"](x, r))
+            (ref,) = onnxruntime_outputs(model, {"x": x, "r": r})
+            assert np.abs(got - ref).max() / np.abs(ref).max() < BOUND[4]
+    finally:
+        lib.set_num_threads(None)

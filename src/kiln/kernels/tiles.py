@@ -55,6 +55,12 @@ def parallel_split(split: str | None) -> Iterator[None]:
         _SPLIT.reset(token)
 
 
+def tuned_split() -> str | None:
+    """The parallel split kernels are being built with (`parallel_split`), None for the
+    rule's."""
+    return _SPLIT.get()
+
+
 @contextlib.contextmanager
 def parallel_over_images() -> Iterator[None]:
     """Build a kernel over an image of run-time size inside: its tile loops go parallel

@@ -11,6 +11,13 @@ view of the concat's output at that offset and drops the concat's call. The outp
 buffer is then live from its first input's kernel on, and as long as any input is
 still read.
 
+Views nest: an input that is itself the output of a dropped concat (a chain
+`concat(concat(x0, f0), f1)`, DenseNet's growing feature map written as a chain) is
+a view too, and its own inputs move with it, each a view of the outermost output at
+the sum of the offsets; the whole chain is one buffer, every kernel writing its part
+in place. An input lives in one place only: one given to two concats, or also a
+result of the function, is a view of at most one of them, and the others copy it.
+
 LegalizeOps builds a concat's kernel with the attribute `kiln.concat_axis`
 (kiln.ir.attrs.ATTR_CONCAT_AXIS): that is how lowering knows a call copies its
 inputs and does nothing else (a concat fused with other ops has its own kernel,
@@ -41,6 +48,23 @@ class ConcatViews:
 
     pieces: dict[GraphSlot, tuple[GraphSlot, int]] = field(default_factory=dict)
     dropped: set[int] = field(default_factory=set)  # id() of the dropped GraphSteps
+    # the pieces viewing each whole (the inverse of `pieces`, to move them when that
+    # whole becomes a piece of another concat)
+    members: dict[GraphSlot, list[GraphSlot]] = field(default_factory=dict)
+
+    def join(self, step: GraphStep, offsets: Sequence[int]) -> None:
+        """Drop concat `step`: each input a view of its output at its offset, the
+        views of an input that is itself a dropped concat's output moved into this
+        output at the sum of the offsets (every piece viewing the outermost buffer)."""
+        whole = step.outputs[0]
+        self.dropped.add(id(step))
+        into = self.members.setdefault(whole, [])
+        for s, off in zip(step.inputs, offsets):
+            for inner in self.members.pop(s, []):
+                self.pieces[inner] = (whole, off + self.pieces[inner][1])
+                into.append(inner)
+            self.pieces[s] = (whole, off)
+            into.append(s)
 
     def widen(self, defs: dict[Hashable, int], uses: dict[Hashable, list[int]]) -> None:
         """Extend each concat output's live range (`defs`, `uses` of the memory plan) over
@@ -78,9 +102,7 @@ def concat_views(items: Sequence[object], mod: IRModule,
         offsets = _piece_offsets(item, mod)
         if offsets is not None and all(
                 _may_alias(s, producer, views, results) for s in item.inputs):
-            views.dropped.add(id(item))
-            views.pieces.update({s: (item.outputs[0], off)
-                                 for s, off in zip(item.inputs, offsets)})
+            views.join(item, offsets)
         if not item.binds:
             producer.update((s, item) for s in item.outputs)
     return views
@@ -110,11 +132,10 @@ def _piece_offsets(step: GraphStep, mod: IRModule) -> list[int] | None:
 def _may_alias(s: GraphSlot, producer: Mapping[GraphSlot, GraphStep], views: ConcatViews,
                results: Mapping[GraphSlot, int]) -> bool:
     """Whether input `s` of a concat may live in the concat's output: a kernel of this
-    block computes it, it is no function result, in no other concat's output, and not
-    itself the output of a dropped concat (its bytes are already someone's view)."""
-    step = producer.get(s)
-    return (s.kind == "call" and step is not None and s not in results
-            and s not in views.pieces and id(step) not in views.dropped)
+    block computes it (or a concat dropped before, whose views then nest), it is no
+    function result and in no other concat's output."""
+    return (s.kind == "call" and s in producer and s not in results
+            and s not in views.pieces)
 
 
 def drop_uncalled_concats(funcs: dict[str, BaseFunc]) -> dict[str, BaseFunc]:

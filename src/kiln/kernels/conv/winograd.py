@@ -46,6 +46,7 @@ from kiln.ir.tensor import (
     Allocate,
     Buffer,
     For,
+    IfThenElse,
     LetStmt,
     PrimExpr,
     PrimFunc,
@@ -69,10 +70,12 @@ from kiln.kernels.tiles import (
     const,
     lanes_loop,
     loop,
+    parallel_split,
     parallel_tiles,
     parallel_when,
     tile_lanes,
     tile_registers,
+    tuned_split,
 )
 from kiln.ops.conv_geometry import ConvShape, conv_call_shape, conv_shape
 from kiln.ops.packed_attrs import recorded_tile
@@ -229,26 +232,29 @@ def winograd_body(shape: ConvShape, x: Buffer, u: Buffer, out: Buffer,
     index. Both transforms are vector code over the tiles of a tile row: the padded
     input is stored split by column phase (`[c][row][col % m][col // m]`), so a tile
     row's column `j` of every tile is one contiguous vector."""
-    m, nr = schedule.m, schedule.nr
-    a = m + 2
-    th, tw = tiles(shape, m)
-    panels = -(-(th * tw) // nr)
-    dt = x.dtype
-    xq = Buffer("wino_in", (shape.c_in, th * m + 2, m, tw + 1), dt)
-    # rows of whole panels (every GEMM tile stores whole vectors); the transforms touch
-    # all a*a positions at once, so positions are skewed apart (`skewed_rows`)
-    v = Buffer("wino_v", (a * a, skewed_rows(shape.c_in, panels * nr), panels * nr), dt)
-    mm = Buffer("wino_m", (a * a, skewed_rows(shape.c_out, panels * nr), panels * nr), dt)
-    nest = _Winograd(shape, x, u, out, schedule, epilogue, fused, isa, xq, v, mm)
+    def images(kind: str) -> Stmt:
+        """Every image: one after the other, each step's tiles parallel ("serial"), or
+        the images in parallel, each with workspaces of its own and serial steps."""
+        nest = _Winograd.make(shape, x, u, out, schedule, epilogue, fused, isa)
+        nv = Var("n", INDEX_DTYPE)
+        if kind == "serial":
+            body = nest.image(nv)
+            return seq(*nest.allocations(), For(nv, const(0), as_expr(shape.n, INDEX_DTYPE),
+                                                "serial", body))
+        with parallel_split("serial"):
+            body = nest.image(nv)
+        return For(nv, const(0), as_expr(shape.n, INDEX_DTYPE), "parallel",
+                   seq(*nest.allocations(), body))
 
-    def image(n: PrimExpr) -> Stmt:
-        return seq(_padded_input(nest, n), *_input_transform(nest), _products(nest),
-                   _output_transform(nest, n))
-
-    nv = Var("n", INDEX_DTYPE)
-    batch = (image(const(0)) if isinstance(shape.n, int) and shape.n == 1
-             else For(nv, const(0), as_expr(shape.n, INDEX_DTYPE), "serial", image(nv)))
-    return seq(Allocate(xq), Allocate(v), Allocate(mm), batch)
+    if isinstance(shape.n, int) and shape.n == 1:
+        nest = _Winograd.make(shape, x, u, out, schedule, epilogue, fused, isa)
+        return seq(*nest.allocations(), nest.image(const(0)))
+    if tuned_split() is not None:  # a tuned split keeps its own parallel loops
+        return images("serial")
+    if isinstance(shape.n, int):
+        return images("parallel" if shape.n >= MIN_PARALLEL_IMAGES else "serial")
+    return IfThenElse(as_expr(shape.n, INDEX_DTYPE) >= MIN_PARALLEL_IMAGES,
+                      images("parallel"), images("serial"))
 
 
 @dataclass(frozen=True)
@@ -268,6 +274,31 @@ class _Winograd:
     xq: Buffer
     v: Buffer
     mm: Buffer
+
+    @staticmethod
+    def make(shape: ConvShape, x: Buffer, u: Buffer, out: Buffer, schedule: WinogradSchedule,
+             epilogue: Epilogue, fused: bool, isa: ISA) -> _Winograd:
+        """The nest with workspaces of its own (`allocations`)."""
+        m, nr = schedule.m, schedule.nr
+        a = m + 2
+        th, tw = tiles(shape, m)
+        panels = -(-(th * tw) // nr)
+        dt = x.dtype
+        xq = Buffer("wino_in", (shape.c_in, th * m + 2, m, tw + 1), dt)
+        # rows of whole panels (every GEMM tile stores whole vectors); the transforms
+        # touch all a*a positions at once, so positions are skewed apart (`skewed_rows`)
+        v = Buffer("wino_v", (a * a, skewed_rows(shape.c_in, panels * nr), panels * nr), dt)
+        mm = Buffer("wino_m", (a * a, skewed_rows(shape.c_out, panels * nr), panels * nr), dt)
+        return _Winograd(shape, x, u, out, schedule, epilogue, fused, isa, xq, v, mm)
+
+    def allocations(self) -> list[Stmt]:
+        """The workspaces' allocations."""
+        return [Allocate(self.xq), Allocate(self.v), Allocate(self.mm)]
+
+    def image(self, n: PrimExpr) -> Stmt:
+        """The four steps on image `n`."""
+        return seq(_padded_input(self, n), *_input_transform(self), _products(self),
+                   _output_transform(self, n))
 
     @property
     def a(self) -> int:
@@ -409,6 +440,13 @@ def _output_transform(nest: _Winograd, n: PrimExpr) -> Stmt:
                          c_out * nest.t_all * a * a * 4, "element", isa=nest.isa)
 
 
+#: The fewest images from which a batch runs its images in parallel (each thread
+#: the four steps of whole images, on workspaces of its own) rather than one image
+#: after the other with each step's tiles split over the threads: a step's tiles are
+#: few on a small image, and every step hands the next one its workspace written by
+#: the other threads (docs/performance.md, "DenseNet-121's Winograd layers at batch
+#: 8"). From 4 images two threads are balanced within one image of eight.
+MIN_PARALLEL_IMAGES = 4
 #: The fewest input and output channels the rule takes a convolution to Winograd with
 #: (unless the target's attribute `winograd` is false): from 32 channels on it beats the
 #: direct kernel (docs/performance.md, "Winograd 3x3 convolutions"); 16-channel layers
