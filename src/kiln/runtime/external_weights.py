@@ -84,7 +84,9 @@ def export_weights(hashed: Sequence[tuple[Artifact, int, bytes]], prefix: str,
              f"#define KILN_WEIGHTS_HASH {{{hash_init}}}",
              f"#define KILN_WEIGHTS_COUNT {len(data)}",
              f"#define KILN_WEIGHTS_REGIONS {regions}",
-             f"#define KILN_WEIGHTS_ALIGN {ALIGN}", ""]
+             f"#define KILN_WEIGHTS_ALIGN {ALIGN}",
+             *(["#define KILN_WEIGHTS_LARGE 1"] if any(a.metadata.get("large") for a in data)
+               else []), ""]
     source = "\n".join(lines) + (Path(include_dir()) / "kiln" / "kiln_weights.c").read_text()
     loader = Artifact("weights", "native", "kiln_weights.c", source.encode(),
                       {"exports": map_symbols(prefix)})
