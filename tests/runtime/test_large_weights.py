@@ -21,6 +21,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from kiln.artifact import safe_tar
 from kiln.artifact.elf import SHT_SYMTAB, read_symbols, section_name
 from kiln.codegen import constants
 from kiln.runtime import load_module
@@ -111,3 +112,10 @@ def test_four_and_a_half_gib_of_weights(tmp_path, weights):
     del model
     with load_module(so) as lib:
         np.testing.assert_allclose(lib["main"](x), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_an_archive_over_the_readers_limits_is_refused_at_export(forced, tmp_path, monkeypatch):
+    monkeypatch.setattr(safe_tar, "MAX_MEMBER_BYTES", 1000)
+    with pytest.raises(kiln.ExportError, match=r"is \d+ bytes and the artifacts.*export a \.so"):
+        forced["llvm"].export_library(tmp_path / "big.tar")  # type: ignore[attr-defined]
+    assert not (tmp_path / "big.tar").exists()
