@@ -47,7 +47,7 @@ lib = load_module(path, verify_weights=False if mode == "off" else "lazy")
 t1 = time.perf_counter()
 if mode == "lazy+idle":
     check = lib.get_function("main", query_imports=False).c_func.check
-    check._thread.join()
+    check.join()
     t1 = time.perf_counter()
 first_start = time.perf_counter()
 lib["main"](x)

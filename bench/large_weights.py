@@ -1,7 +1,7 @@
 """More than 4 GiB of float32 weights: compile memory, export, load and run (issue 60).
 
     .venv/bin/python bench/large_weights.py [--k 16384] [--n 36864] [--rows 4]
-                                            [--codegen llvm] [--skip-ort]
+                                            [--codegen llvm] [--skip-ort] [--keep DIR]
 
 The model is `y = relu(x @ W0) @ W1` with W0 of shape (k, n) and W1 (n, k): at the
 default sizes two 16384 x 36864 float32 MatMuls, 4.5 GiB, written as an ONNX file with
@@ -126,10 +126,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--codegen", default="llvm")
     parser.add_argument("--skip-ort", action="store_true")
+    parser.add_argument("--keep", type=Path, help="work in this folder and keep the files "
+                        "(a model written there before is used again)")
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kiln-large-", dir=Path.cwd()) as tmp:
-        folder = Path(tmp)
-        model, size = write_model(folder, opts.k, opts.n, opts.rows)
+        folder = opts.keep or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        model, size = folder / "large.onnx", 2 * opts.k * opts.n * 4
+        if not model.exists():
+            model, size = write_model(folder, opts.k, opts.n, opts.rows)
         gib = size / 2**30
         print(f"weights: {gib:.2f} GiB float32 ({opts.k} x {opts.n}, twice)", flush=True)
         built = child(COMPILE, model, opts.codegen, folder)

@@ -51,8 +51,7 @@ def test_the_background_thread_checks_everything(built):
     so, table = built
     with load_module(so) as lib:
         check = check_of(lib)
-        assert check._thread is not None
-        check._thread.join()
+        check.join()
         assert check.done or not check._todo  # every chunk hashed, no call made
         np.testing.assert_array_equal(lib["main"](IDX), table[IDX])
         assert check.done and check.error is None
@@ -90,7 +89,7 @@ def test_close_stops_the_thread_before_unmapping(built):
         lib = load_module(so)
         check = check_of(lib)
         lib.close()
-        assert check._thread is None or not check._thread.is_alive()
+        assert not check._active and check._ended.is_set()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this host")
