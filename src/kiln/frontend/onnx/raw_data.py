@@ -11,8 +11,10 @@ without the initializers' `raw_data` fields (a few kilobytes), and each
 64-byte aligned offset, in file order. The arrays are read-only views of the
 arena: when a compiled module keeps them all, kiln's constant pool uses the
 arena itself as the library's weight blob (kiln.codegen.constants), so the
-weights exist once in memory from the file to the library. Anything the scan
-does not cover (another element type, data outside `raw_data`, external data,
+weights exist once in memory from the file to the library. A plain tensor's
+external data is read the same way, into an aligned array of its own, and never
+into the protobuf message (which cannot hold 2 GiB: a 4.5 GiB model's tensors
+could not load). Anything else (another element type, data outside `raw_data`,
 a second `graph` field) keeps onnx's own decoding, so the result equals
 `onnx.load` + `to_array` (a test compares).
 """
