@@ -178,7 +178,7 @@ def text_depth(text: str) -> int:
     """The deepest bracket nesting of JSON text, strings skipped (an iterative scan)."""
     depth = deepest = 0
     for m in _STRING_OR_BRACKET.finditer(text):
-        c = m.group()
+        c = text[m.start()]  # not m.group(): a string's match would be copied
         if c in "[{":
             depth += 1
             deepest = max(deepest, depth)
