@@ -100,6 +100,20 @@ def build_manifest(artifacts: list[Artifact], metadata: Mapping[str, Any]) -> di
     return manifest
 
 
+def _check_sizes(arts: list[Artifact], path: str) -> None:
+    """Refuse to write what `read_tar` would refuse (safe_tar's limits): say so now."""
+    total = 0
+    for a in arts:
+        total += a.size
+        if a.size > safe_tar.MAX_MEMBER_BYTES or total > safe_tar.MAX_TOTAL_BYTES:
+            raise ExportError(
+                f"cannot write {path!r}: {a.codegen_id}/{a.file_name} is {a.size} bytes and "
+                f"the artifacts {total} so far; an archive member holds at most "
+                f"{safe_tar.MAX_MEMBER_BYTES} and an archive {safe_tar.MAX_TOTAL_BYTES} "
+                "(docs/security.md, 'Archive limits'): export a .so, with its weights "
+                "embedded or weights='external'")
+
+
 def write_tar(path: str | os.PathLike[str], artifacts: ArtifactSet,
               metadata: Mapping[str, Any]) -> None:
     """Write `artifacts` and the library `metadata` to a `.tar` at `path`, atomically.
@@ -114,6 +128,7 @@ def write_tar(path: str | os.PathLike[str], artifacts: ArtifactSet,
         if a.codegen_id == MANIFEST_NAME:
             raise ArtifactError(
                 f"codegen_id {a.codegen_id!r} collides with the archive manifest")
+    _check_sizes(arts, os.fspath(path))
     meta = freeze_object(metadata, "library metadata")
     manifest = build_manifest(arts, meta)
     manifest_bytes = (json.dumps(manifest, indent=2, ensure_ascii=False, allow_nan=False)

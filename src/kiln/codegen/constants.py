@@ -29,6 +29,12 @@ from kiln.ir.visitor import iter_stmts
 
 CONST_ALIGN = 64
 CONSTANTS_FILE = "constants.bin"
+# A pool larger than this is addressed through a base pointer read at run time, and
+# placed where large data goes (x86-64 `.lrodata`/`.lbss`): an offset folded into a
+# 32-bit PC-relative relocation reaches only +-2 GiB (the small code model), and the
+# code, the blob and the other data must stay within that of each other. Tests lower
+# it to force the path on a small model.
+LARGE_CONSTS_BYTES = 1 << 30
 # An arena becomes the blob only if the module's constants fill this much of it.
 ARENA_MIN_USE = 0.99
 
@@ -72,12 +78,19 @@ class ConstantPool:
         self._digests = None  # the blob changed
         return offset
 
+    @property
+    def large(self) -> bool:
+        """Whether kernels address the pool through a base pointer (LARGE_CONSTS_BYTES)."""
+        return self.size > LARGE_CONSTS_BYTES
+
     def artifact(self, codegen_id: str, prefix: str, loader: str = "native") -> Any:
-        """The pool as a `constants.bin` Artifact with its symbol, alignment and chunk hashes."""
+        """The pool as a `constants.bin` Artifact with its symbol, alignment and chunk hashes
+        (`large`: placed in the large data sections, kiln.runtime.library)."""
 
         return Artifact(codegen_id, loader, CONSTANTS_FILE, self.content(),
                         {"symbol": consts_symbol(prefix), "align": CONST_ALIGN,
-                         "count": len(self), **self.integrity()})
+                         "count": len(self), **({"large": True} if self.large else {}),
+                         **self.integrity()})
 
     def offset(self, data: np.ndarray) -> int:
         return self._offsets[id(data)]

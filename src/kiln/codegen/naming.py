@@ -147,6 +147,11 @@ def consts_symbol(prefix: str) -> str:
     return f"{prefix}_consts"
 
 
+# The file-local pointer holding `{prefix}_consts`'s address in a C translation unit
+# whose pool is large (kiln.codegen.constants.LARGE_CONSTS_BYTES).
+CONSTS_BASE = "kiln_consts_base"
+
+
 def runtime_dims(fn: PrimFunc) -> tuple[tuple[str, int | str, tuple[tuple[int, int, str], ...]],
                                          ...]:
     """`kiln.runtime_dims` of a lowered graph function: (name, bound, places) per

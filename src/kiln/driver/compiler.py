@@ -177,7 +177,9 @@ def _cache_key(mod: IRModule, pool: ConstantPool, tgt: Target, prefix: str,
     with timed_step("fingerprint"):
         return cache.cache_key(ir_fingerprint=module_fingerprint(mod, pool),
                                target_fingerprint=tgt.fingerprint(), prefix=prefix,
-                               codegen=f"{codegen_name}:{_qualname(codegen_fn)}")
+                               codegen=f"{codegen_name}:{_qualname(codegen_fn)}"
+                               # large pools are addressed otherwise (codegen/constants.py)
+                               + (":large-consts" if pool.large else ""))
 
 
 def _generate(codegen_name: str, built: IRModule, tgt: Target, prefix: str,

@@ -47,12 +47,19 @@ Attrs = Mapping[str, Any]
 # --------------------------------------------------------------------------- packed B
 
 def pack_b(b: np.ndarray, nr: int) -> np.ndarray:
-    """B `[K, N]` -> panels `[ceil(N / nr)][K][nr]`, the columns past N zero."""
+    """B `[K, N]` -> panels `[ceil(N / nr)][K][nr]`, the columns past N zero (a fresh
+    read-only array: a graph constant takes it as it is, without a defensive copy)."""
     k, n = b.shape
-    panels = -(-n // nr)
-    padded = np.zeros((k, panels * nr), dtype=b.dtype)
-    padded[:, :n] = b
-    return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
+    panels, full = -(-n // nr), n // nr
+    # Written in place: one array the size of the result, no padded or transposed
+    # temporary (a multi-GiB weight costs one extra copy while compiling, not two).
+    out = np.empty((panels, k, nr), dtype=b.dtype)
+    out[:full] = b[:, :full * nr].reshape(k, full, nr).transpose(1, 0, 2)
+    if full < panels:
+        out[full] = 0
+        out[full, :, :n - full * nr] = b[:, full * nr:]
+    out.flags.writeable = False
+    return out
 
 
 def unpack_b(bp: np.ndarray, n: int) -> np.ndarray:

@@ -30,6 +30,8 @@ _SYM = struct.Struct("<IBBHQQ")
 ELFCLASS64, ELFDATA2LSB, ET_REL = 2, 1, 1
 SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB, SHT_NOBITS = 1, 2, 3, 8
 SHF_ALLOC = 0x2
+SHF_X86_64_LARGE = 0x10000000  # x86-64 psABI: data beyond the small code model's reach
+EM_X86_64 = 62
 STB_GLOBAL, STT_OBJECT = 1, 1
 STV_DEFAULT, STV_HIDDEN = 0, 2
 
@@ -70,7 +72,7 @@ def machine_of(obj: Path) -> Machine | None:
 def write_data_object(path: Path, machine: Machine, section: str, align: int,
                       pieces: Sequence[tuple[int, Content]],
                       symbols: Sequence[DataSymbol], size: int,
-                      reserved_from: int | None = None) -> None:
+                      reserved_from: int | None = None, large: bool = False) -> None:
     """Write an object whose section `section` holds `pieces` (offset, bytes), `size` long.
 
     Gaps between pieces are zero. Every symbol is global; `hidden` ones are
@@ -82,7 +84,15 @@ def write_data_object(path: Path, machine: Machine, section: str, align: int,
     first one and lays out as zeros (without writing them: the library file
     has a hole there), for the caller to fill in the linked library. The pieces
     must end before it; symbols may span both sections.
+
+    `large` (x86-64 only) flags the sections SHF_X86_64_LARGE, for a section named
+    `.lrodata.*`: the linker places it after every small section, so a multi-GiB
+    weights section leaves the code and the small data within +-2 GiB of each other.
     """
+    flags = SHF_ALLOC | (SHF_X86_64_LARGE if large else 0)
+    if large and machine.machine != EM_X86_64:
+        raise UsageError(f"large data sections are an x86-64 feature; machine "
+                         f"{machine.machine} has none")
     split = size if reserved_from is None else reserved_from
     if (reserved_from is not None and split % align) or not 0 <= split <= size or \
             any(off + len(p) > split for off, p in pieces):
@@ -117,10 +127,10 @@ def write_data_object(path: Path, machine: Machine, section: str, align: int,
     shdr_off = -(-(shstrtab_off + len(shstrtab)) // 8) * 8
     headers = [
         bytes(_SHDR.size),
-        _SHDR.pack(names[section], SHT_PROGBITS, SHF_ALLOC, 0, data_off, split, 0, 0, align, 0),
+        _SHDR.pack(names[section], SHT_PROGBITS, flags, 0, data_off, split, 0, 0, align, 0),
     ]
     if reserved_from is not None:
-        headers.append(_SHDR.pack(names[f"{section}.reserved"], SHT_NOBITS, SHF_ALLOC, 0,
+        headers.append(_SHDR.pack(names[f"{section}.reserved"], SHT_NOBITS, flags, 0,
                                   data_off + split, size - split, 0, 0, align, 0))
     headers += [
         _SHDR.pack(names[".note.GNU-stack"], SHT_PROGBITS, 0, 0, data_off, 0, 0, 0, 1, 0),

@@ -28,14 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.artifact.artifact import Artifact
-from kiln.artifact.integrity import verify
 from kiln.artifact.segments import Content
 from kiln.artifact.weights_file import ALIGN, WeightsHeader, read_header, write_weights
 from kiln.errors import FormatError, MissingFileError, UsageError
 from kiln.runtime import ctypes_abi
 from kiln.runtime.memory_library import is_memory_path
 from kiln.runtime.native import include_dir
-from kiln.runtime.weights import CheckOnce
+from kiln.runtime.weights import ChunkCheck, Region
 
 if TYPE_CHECKING:
     from kiln.runtime.module import LibraryModule
@@ -85,7 +84,9 @@ def export_weights(hashed: Sequence[tuple[Artifact, int, bytes]], prefix: str,
              f"#define KILN_WEIGHTS_HASH {{{hash_init}}}",
              f"#define KILN_WEIGHTS_COUNT {len(data)}",
              f"#define KILN_WEIGHTS_REGIONS {regions}",
-             f"#define KILN_WEIGHTS_ALIGN {ALIGN}", ""]
+             f"#define KILN_WEIGHTS_ALIGN {ALIGN}",
+             *(["#define KILN_WEIGHTS_LARGE 1"] if any(a.metadata.get("large") for a in data)
+               else []), ""]
     source = "\n".join(lines) + (Path(include_dir()) / "kiln" / "kiln_weights.c").read_text()
     loader = Artifact("weights", "native", "kiln_weights.c", source.encode(),
                       {"exports": map_symbols(prefix)})
@@ -96,11 +97,12 @@ def export_weights(hashed: Sequence[tuple[Artifact, int, bytes]], prefix: str,
     return loader, entry
 
 
-class SharedWeights(CheckOnce):
+class SharedWeights(ChunkCheck):
     """One weights file mapped read-only, shared by every library of its content hash.
 
-    `view` is the mapping (a memoryview of the whole file); `run()` verifies
-    every tensor against the index's chunk hashes once, remembering a failure.
+    `view` is the mapping (a memoryview of the whole file); it verifies every tensor
+    against the index's chunk hashes once (kiln.runtime.weights.ChunkCheck: in the
+    background from `start()`, and in `run()`), remembering a failure.
     """
 
     def __init__(self, path: Path, fd: int, header: WeightsHeader) -> None:
@@ -121,11 +123,10 @@ class SharedWeights(CheckOnce):
             raise UsageError(f"{self.path}: no tensor {name!r} in the weights file")
         return self.view[t.offset:t.offset + t.size]
 
-    def check(self) -> None:
-        """Check every tensor against the index's chunk hashes."""
-        for t in self.header.tensors:
-            with self.view[t.offset:t.offset + t.size] as part:
-                verify(part, t.digests, t.chunk_size, f"{self.path}: tensor '{t.name}'")
+    def regions(self) -> list[Region]:
+        """Every tensor, with the index's chunk hashes."""
+        return [Region(self.view[t.offset:t.offset + t.size], t.digests, t.chunk_size,
+                       f"{self.path}: tensor '{t.name}'") for t in self.header.tensors]
 
 
 def _release(view: memoryview, mapping: mmap.mmap, fd: int) -> None:

@@ -47,7 +47,7 @@ from kiln.artifact.segments import Content, write_content
 from kiln.errors import ArgumentTypeError, CompileError, ExportError, UsageError
 from kiln.escape import c_comment, is_c_identifier
 from kiln.runtime import native
-from kiln.runtime.data_object import DataSymbol, machine_of, write_data_object
+from kiln.runtime.data_object import EM_X86_64, DataSymbol, machine_of, write_data_object
 from kiln.runtime.external_weights import (
     WEIGHTS_MODES,
     default_weights_path,
@@ -296,8 +296,9 @@ def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, wor
             else:
                 deferred.append(LinkedData(symbol, record.offset, art.content))
         reserved = -(-len(packed) // align) * align if deferred else None
-        write_data_object(obj, machine, f".rodata.{name}", align, pieces, symbols, end,
-                          reserved_from=reserved)
+        large = machine.machine == EM_X86_64 and any(a.metadata.get("large") for _i, a in data)
+        write_data_object(obj, machine, f".{'l' if large else ''}rodata.{name}", align, pieces,
+                          symbols, end, reserved_from=reserved, large=large)
         return obj
     blob_file = work / "blob.bin"
     blob_file.write_bytes(packed)

@@ -223,7 +223,7 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
         check_weights(root, address, found.size, contents, verify_weights)
         if "weights" in contents.metadata:  # exported with weights="external"
             root.weights = attach(root, contents.metadata["weights"], weights)
-            arm_check(root, root.weights, verify_weights)
+            arm_check(root, root.weights, verify_weights)  # the thread holds the mapping
         elif weights is not None:
             raise UsageError(f"{path}: weights={weights!r} given, but the library's weights "
                              "are embedded in it")

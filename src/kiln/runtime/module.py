@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import weakref
 from _ctypes import dlclose as _dlclose
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -275,6 +275,7 @@ class LibraryModule(Module):
         self.pool: threads.PoolControls | None = None
         # The shared mapping of an external weights file (kiln.runtime.external_weights).
         self.weights: Any = None
+        self._on_close: list[Callable[[], object]] = []
         try:
             metadata_fn = ctypes_abi.bind(lib, f"{prefix}_metadata", "metadata")
         except AttributeError:
@@ -363,10 +364,18 @@ class LibraryModule(Module):
         """
         self._guard.close()
         super().close()
+        for stop in self._on_close:  # e.g. the weight check's thread, which reads the library
+            stop()
+        self._on_close.clear()
         self._release(_dlclose)
         self.weights = None  # the shared weights mapping may go with the last library
         if self._cleanup is not None:
             self._cleanup()  # idempotent
+
+    def on_close(self, fn: Callable[[], object]) -> None:
+        """Have `close()` call `fn` once the calls in flight returned, before it unmaps
+        the library (to stop work that reads the library's memory)."""
+        self._on_close.append(fn)
 
     def _release(self, dlclose: Any) -> None:
         handle, self._handle = self._handle, None

@@ -68,12 +68,24 @@ class SharedPacking:
         data = packed.data
         made = self._made.setdefault((op, position, data.dtype.str, data.shape,
                                       _sample(data)), [])
-        value = data.tobytes()  # bit for bit: -0.0 and 0.0 (or two NaNs) are not the same
         for first in made:
-            if first.data.tobytes() == value:
+            if _same_bits(first.data, data):
                 return first
         made.append(packed)
         return packed
+
+
+# Bytes compared at a time by `_same_bits`: a multi-GiB weight is never copied whole.
+_COMPARE_BLOCK = 1 << 24
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit (-0.0 and 0.0, or two NaNs, are not the same), in blocks."""
+    x = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    y = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    return len(x) == len(y) and all(
+        x[i:i + _COMPARE_BLOCK].tobytes() == y[i:i + _COMPARE_BLOCK].tobytes()
+        for i in range(0, len(x), _COMPARE_BLOCK))
 
 
 #: Values `SharedPacking` samples from a packed constant to find its equals.

@@ -26,6 +26,7 @@ from kiln.codegen.cpu_requirements import feature_rows, required_features
 from kiln.codegen.host import codegen_host, uses_heap
 from kiln.codegen.naming import (
     C_TYPE_NAMES,
+    CONSTS_BASE,
     check_prefix,
     consts_symbol,
     kernel_symbol,
@@ -103,7 +104,8 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool,
     outlined = outlined_launches(mod, "C codegen")
     funcs = outlined.mod.prim_funcs()
     bodies = outlined.bodies
-    symbols = {kernel_symbol(prefix, name) for name in funcs} | {consts_symbol(prefix)}
+    symbols = {kernel_symbol(prefix, name) for name in funcs} | {consts_symbol(prefix),
+                                                                  CONSTS_BASE}
     profiled = bool(profile_sites(mod))
     if profiled:
         symbols |= {profile_symbol(prefix, n) for n in sorted(PROFILE_INTRINSICS)}
@@ -164,6 +166,11 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool,
     if ctx.uses_consts:
         out += ["/* Weights: read-only, 64-byte aligned, linked from constants.bin. */",
                 f"extern KILN_HIDDEN const uint8_t {consts_symbol(prefix)}[];", ""]
+    if ctx.uses_consts and ctx.pool.large:
+        out += ["/* More weights than a 32-bit relocation's offset reaches: kernels read",
+                "   their address at run time (volatile: never folded into a relocation). */",
+                f"static const uint8_t* const volatile {CONSTS_BASE} = "
+                f"{consts_symbol(prefix)};", ""]
     declarations = externs.declarations()
     if declarations:
         out += ["/* External functions (call_extern). */", *declarations, ""]

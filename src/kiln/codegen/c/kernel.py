@@ -32,7 +32,13 @@ from kiln.codegen.cfamily.helpers import DIM_HELPERS
 from kiln.codegen.cfamily.literals import int_literal
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype
-from kiln.codegen.naming import C_TYPE_NAMES, consts_symbol, kernel_symbol, parallel_for_symbol
+from kiln.codegen.naming import (
+    C_TYPE_NAMES,
+    CONSTS_BASE,
+    consts_symbol,
+    kernel_symbol,
+    parallel_for_symbol,
+)
 from kiln.errors import IRError
 from kiln.escape import c_comment
 from kiln.ir import dtype as dt
@@ -434,8 +440,8 @@ class KernelPrinter:
         module.uses_consts = True
         ctype = C_TYPE_NAMES[buf.dtype]
         name = self.ctx.names.fresh(buf.name)
-        self.p.line(f"const {ctype}* {name} = (const {ctype}*)"
-                    f"({consts_symbol(module.prefix)} + {offset});")
+        base = CONSTS_BASE if module.pool.large else consts_symbol(module.prefix)
+        self.p.line(f"const {ctype}* {name} = (const {ctype}*)({base} + {offset});")
         self.declare(buf, BufferRef(name, const=True))
 
     def decl_buffer(self, s: DeclBuffer) -> None:

@@ -921,6 +921,11 @@ def _alloc_const(fl: FunctionLowering, s: AllocConst) -> None:
                        f"{need} bytes but its data has {s.data.nbytes}")
     offset = fl.parent.pool.add(s.data)
     base = fl.parent.consts_global()
+    if fl.parent.pool.large:
+        # An empty asm hides that the pointer is the symbol's address, so LLVM adds the
+        # offset at run time instead of folding it into a 32-bit relocation (+-2 GiB).
+        base = fl.b.asm(ir.FunctionType(PTR, [PTR]), "", "=r,0", [base], side_effect=False,
+                        name="consts")
     fl.declare(buf, fl.b.gep(base, [ir.Constant(I64, offset)], inbounds=True,
                              source_etype=I8, name=c_identifier(buf.name)))
     fl.readonly.add(buf)

@@ -211,7 +211,7 @@ def load_onnx(model: str | os.PathLike[str]) -> LoadedOnnx:
     try:
         proto, views = read_with_views(path)
         external = tuple(external_data_locations(proto))  # before the data replaces them
-        load_external_data(proto, path)
+        load_external_data(proto, path, views)
     except ValidationError as exc:  # onnx checks external data locations while loading
         raise FrontendError(f"{path!r}: its external data cannot be loaded: {exc}") from exc
     except FrontendError:  # the size limits (file_limits) already name the file

@@ -11,8 +11,10 @@ without the initializers' `raw_data` fields (a few kilobytes), and each
 64-byte aligned offset, in file order. The arrays are read-only views of the
 arena: when a compiled module keeps them all, kiln's constant pool uses the
 arena itself as the library's weight blob (kiln.codegen.constants), so the
-weights exist once in memory from the file to the library. Anything the scan
-does not cover (another element type, data outside `raw_data`, external data,
+weights exist once in memory from the file to the library. A plain tensor's
+external data is read the same way, into an aligned array of its own, and never
+into the protobuf message (which cannot hold 2 GiB: a 4.5 GiB model's tensors
+could not load). Anything else (another element type, data outside `raw_data`,
 a second `graph` field) keeps onnx's own decoding, so the result equals
 `onnx.load` + `to_array` (a test compares).
 """
@@ -167,7 +169,7 @@ def load_with_views(path: str) -> tuple[Any, dict[int, np.ndarray]]:
     """`(ModelProto, {initializer index: array})` for the ONNX file at `path`, its
     external data loaded (`read_with_views`, then `load_external_data`)."""
     proto, views = read_with_views(path)
-    load_external_data(proto, path)
+    load_external_data(proto, path, views)
     return proto, views
 
 
@@ -231,9 +233,18 @@ def read_with_views(path: str) -> tuple[Any, dict[int, np.ndarray]]:
     return proto, views
 
 
-def load_external_data(proto: Any, path: str) -> None:
+def load_external_data(proto: Any, path: str, views: dict[int, np.ndarray] | None = None
+                       ) -> None:
     """Load into `proto`, read from the ONNX file at `path`, the data of its tensors
-    kept in external files (after checking their locations and sizes)."""
+    kept in external files (after checking their locations and sizes).
+
+    With `views` (read_with_views' dict), a plain initializer's external data is read
+    straight into an aligned array added there instead (once in memory, and never
+    inside the protobuf message, which cannot hold 2 GiB or more)."""
+    if views is not None and any(t.data_location == t.EXTERNAL
+                                 for t in proto.graph.initializer):
+        check_external_data(proto, os.path.dirname(os.path.abspath(path)), repr(path))
+        _read_external_views(proto, os.path.dirname(os.path.abspath(path)), views)
     if any(t.data_location == t.EXTERNAL for t in proto.graph.initializer):
         from onnx.external_data_helper import (
             load_external_data_for_model,  # optional: onnx (the compiler extra)
@@ -241,6 +252,47 @@ def load_external_data(proto: Any, path: str) -> None:
 
         check_external_data(proto, os.path.dirname(os.path.abspath(path)), repr(path))
         load_external_data_for_model(proto, os.path.dirname(os.path.abspath(path)))
+
+
+def _read_external_views(proto: Any, directory: str, views: dict[int, np.ndarray]) -> None:
+    """Read each plain initializer's external data into an array of `views` and mark it
+    loaded; anything else (another type, a location outside `directory`, a length
+    other than the shape's, a short file) is left to onnx, which decodes or refuses it."""
+    for i, t in enumerate(proto.graph.initializer):
+        dtype = _PLAIN_DTYPES.get(t.data_type)
+        if t.data_location != t.EXTERNAL or dtype is None or i in views:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        parts = location.replace("\\", "/").split("/")
+        if not location or os.path.isabs(location) or ".." in parts or set(info) - {
+                "location", "offset", "length", "checksum"}:
+            continue
+        count = int(np.prod(t.dims, dtype=np.int64)) if len(t.dims) else 1
+        nbytes = count * np.dtype(dtype).itemsize
+        try:
+            offset = int(info.get("offset") or 0)
+            if info.get("length") and int(info["length"]) != nbytes:
+                continue
+        except ValueError:
+            continue
+        data = _aligned_bytes(nbytes)
+        with open(os.path.join(directory, location), "rb") as f:
+            if offset < 0 or os.fstat(f.fileno()).st_size < offset + nbytes:
+                continue
+            f.seek(offset)
+            done = 0
+            while done < nbytes:  # readinto may stop short (at most 2 GiB per call)
+                n = f.readinto(data[done:].data)
+                if not n:
+                    break
+                done += n
+        if done != nbytes:
+            continue
+        data.flags.writeable = False
+        views[i] = data.view(dtype).reshape(tuple(t.dims))
+        t.data_location = t.DEFAULT
+        del t.external_data[:]
 
 
 def _aligned_bytes(size: int) -> np.ndarray:

@@ -18,6 +18,7 @@
  *   KILN_WEIGHTS_COUNT   the number of tensors
  *   KILN_WEIGHTS_REGIONS X(symbol, size, reserved) per tensor, in file order
  *   KILN_WEIGHTS_ALIGN   the regions' alignment (a multiple of every page size)
+ *   KILN_WEIGHTS_LARGE   (optional) the weights are large: see KILN_WEIGHTS_SECTION
  *
  * The C side checks the header's magic, version, size, tensor sizes and content
  * hash against the library's; it does not hash the data (the Python loader does,
@@ -31,8 +32,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* KILN_WEIGHTS_LARGE (defined for weights past 1 GiB): on x86-64 the regions go to a
+   large-data section (.lbss, SHF_X86_64_LARGE), which the linker places after every
+   other section, so gigabytes of weights leave the code and the small data within the
+   +-2 GiB a 32-bit PC-relative reference reaches. */
+#if defined(KILN_WEIGHTS_LARGE) && defined(__x86_64__)
+#define KILN_WEIGHTS_SECTION __attribute__((section(".lbss.kiln_weights")))
+#else
+#define KILN_WEIGHTS_SECTION
+#endif
 #define KILN_WEIGHTS_DEFINE(symbol, size, reserved) \
-  __attribute__((visibility("hidden"), aligned(KILN_WEIGHTS_ALIGN))) uint8_t symbol[reserved];
+  __attribute__((visibility("hidden"), aligned(KILN_WEIGHTS_ALIGN))) KILN_WEIGHTS_SECTION \
+  uint8_t symbol[reserved];
 #define X KILN_WEIGHTS_DEFINE
 KILN_WEIGHTS_REGIONS
 #undef X

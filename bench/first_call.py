@@ -1,0 +1,115 @@
+"""First call after load against a warm call, with the weights' check on (issue 60).
+
+    .venv/bin/python bench/first_call.py [--width 8192] [--layers 4] [--rows 16]
+                                         [--codegen llvm] [--repeat 5]
+
+Compiles (once, timed and printed) `main(x) = x @ W1 @ ... @ Wn`, n float32 weights of
+`width x width` (the default: 4 x 256 MiB = 1 GiB), exports one `.so`, and then, each
+in a fresh process (so each load maps the library anew; the file is in the page
+cache), loads it and times:
+
+- `lazy` (the default verify_weights): the first call right after load, which waits
+  for the chunks the background check has not hashed yet and hashes them itself;
+- `lazy+idle`: the first call once the background check is done (a host that loads
+  at start and serves later);
+- `off`: verify_weights=False, the first call (page faults only);
+- the warm call: the median of `--repeat` calls after the first.
+
+Prints load ms, first call ms, warm ms and first/warm per mode. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import kiln
+from kiln import ops
+from kiln.ir import IRBuilder
+from kiln.ir import graph as g
+
+CHILD = r"""
+import json, statistics, sys, time
+import numpy as np
+from kiln.runtime import load_module
+path, mode, rows, width, repeat = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+x = np.random.default_rng(1).standard_normal((rows, width)).astype(np.float32)
+t0 = time.perf_counter()
+lib = load_module(path, verify_weights=False if mode == "off" else "lazy")
+t1 = time.perf_counter()
+if mode == "lazy+idle":
+    check = lib.get_function("main", query_imports=False).c_func.check
+    check.join()
+    t1 = time.perf_counter()
+first_start = time.perf_counter()
+lib["main"](x)
+first = time.perf_counter() - first_start
+warm = []
+for _ in range(repeat):
+    s = time.perf_counter()
+    lib["main"](x)
+    warm.append(time.perf_counter() - s)
+print(json.dumps({"load_ms": (t1 - t0) * 1e3, "first_ms": first * 1e3,
+                  "warm_ms": statistics.median(warm) * 1e3}))
+"""
+
+
+def build(folder: Path, width: int, layers: int, codegen: str) -> Path:
+    """Compile and export the MatMul chain; print the compile time."""
+    rng = np.random.default_rng(0)
+    ib = IRBuilder()
+    with ib.function("main"):
+        x = ib.param("x", (ROWS, width), "float32")
+        y = x
+        for i in range(layers):
+            w = rng.standard_normal((width, width), dtype=np.float32) * np.float32(width ** -0.5)
+            y = ib.emit(ops.call("matmul", y, g.Constant(w, f"w{i}")), f"y{i}")
+        ib.ret(y)
+    t0 = time.perf_counter()
+    ex = kiln.compile(ib.get(), codegen)
+    so = Path(ex.export_library(str(folder / "chain.so")) or folder / "chain.so")
+    print(f"compiled and exported {layers} x {width}x{width} float32 "
+          f"({layers * width * width * 4 / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s")
+    return so
+
+
+ROWS = 16
+
+
+def main() -> None:
+    global ROWS
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--width", type=int, default=8192)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--codegen", default="llvm")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3, help="fresh processes per mode")
+    opts = parser.parse_args()
+    ROWS = opts.rows
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
+        so = build(Path(tmp), opts.width, opts.layers, opts.codegen)
+        so.read_bytes()  # the page cache holds the file, as on a host that loaded it before
+        print(f"{'mode':12} {'load ms':>9} {'first ms':>9} {'warm ms':>9} {'first/warm':>11}")
+        for mode in ("lazy", "lazy+idle", "off"):
+            runs = []
+            for _ in range(opts.rounds):
+                out = subprocess.run([sys.executable, "-c", CHILD, str(so), mode, str(opts.rows),
+                                      str(opts.width), str(opts.repeat)],
+                                     capture_output=True, text=True, check=True)
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            print(f"{mode:12} {med['load_ms']:9.1f} {med['first_ms']:9.1f} "
+                  f"{med['warm_ms']:9.1f} {med['first_ms'] / med['warm_ms']:11.2f}")
+
+
+if __name__ == "__main__":
+    main()

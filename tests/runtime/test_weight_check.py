@@ -1,0 +1,123 @@
+"""The weight check in the background (kiln.runtime.weights): a thread started at load
+hashes the chunks, a call waits only for the chunks left (hashing them itself), a
+damaged chunk never reaches a result, `close()` stops the thread before unmapping,
+a forked child finishes what the parent's thread had taken, and exit never waits."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.ir import IRBuilder
+from kiln.ir import graph as g
+from kiln.runtime import load_module
+from kiln.runtime.weights import ChunkCheck
+from support.processes import run_python
+
+ROWS, COLS = 3072, 1024  # 12 MiB of weights: three 4 MiB chunks
+IDX = np.array([0, ROWS // 2, ROWS - 1], dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    """`main(idx) = table[idx]` with a 12 MiB table, exported once."""
+    table = np.random.default_rng(60).standard_normal((ROWS, COLS)).astype(np.float32)
+    ib = IRBuilder()
+    with ib.function("main"):
+        idx = ib.param("idx", (3,), "int64")
+        ib.ret(ib.emit(kiln.ops.call("gather", g.Constant(table, "table"), idx, axis=0), "rows"))
+    folder = tmp_path_factory.mktemp("weight_check")
+    so = kiln.compile(ib.get(), "c").export_library(folder / "table.so")
+    return Path(so), table
+
+
+def check_of(lib: kiln.runtime.Module) -> ChunkCheck:
+    entry = lib.get_function("main", query_imports=False).c_func  # type: ignore[union-attr]
+    assert isinstance(entry.check, ChunkCheck)
+    return entry.check
+
+
+def no_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loads start no background thread: the state of the check is the test's."""
+    monkeypatch.setattr(ChunkCheck, "start", lambda self, keep=None: None)
+
+
+def test_the_background_thread_checks_everything(built):
+    so, table = built
+    with load_module(so) as lib:
+        check = check_of(lib)
+        check.join()
+        assert check.done or not check._todo  # every chunk hashed, no call made
+        np.testing.assert_array_equal(lib["main"](IDX), table[IDX])
+        assert check.done and check.error is None
+
+
+def test_a_call_hashes_the_chunks_left(built, monkeypatch):
+    so, table = built
+    no_thread(monkeypatch)
+    with load_module(so) as lib:
+        check = check_of(lib)
+        assert not check.done
+        np.testing.assert_array_equal(lib["main"](IDX), table[IDX])
+        assert check.done and check.error is None
+
+
+@pytest.mark.parametrize("chunk", [0, 2])
+def test_a_damaged_chunk_never_reaches_a_result(built, tmp_path, chunk):
+    so, table = built
+    data = bytearray(so.read_bytes())
+    at = bytes(data).find(table[0].tobytes()) + chunk * (4 << 20) + 100
+    data[at] ^= 0x10
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(bytes(data))
+    start = chunk * (4 << 20)
+    message = rf"SHA-256 mismatch in bytes \[{start}, {start + (4 << 20)}\)"
+    with load_module(bad) as lib:
+        for _ in range(2):
+            with pytest.raises(kiln.FormatError, match=message):
+                lib["main"](IDX)
+
+
+def test_close_stops_the_thread_before_unmapping(built):
+    so, _table = built
+    for _ in range(3):  # close right after load: the thread is stopped and joined first
+        lib = load_module(so)
+        check = check_of(lib)
+        lib.close()
+        assert not check._active and check._ended.is_set()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this host")
+def test_a_forked_child_hashes_what_the_parent_thread_had_taken(built, monkeypatch):
+    so, table = built
+    no_thread(monkeypatch)
+    with load_module(so) as lib:
+        check = check_of(lib)
+        taken = check._take(True)  # as if the thread were hashing this chunk at the fork
+        assert taken is not None
+        pid = os.fork()
+        if pid == 0:  # the child: the chunk goes back on the list, the call finishes
+            code = 1
+            try:
+                signal.alarm(30)  # a hang ends the child, failing the test
+                code = 0 if np.array_equal(lib["main"](IDX), table[IDX]) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        check._busy.discard(taken)  # give it back here too: the parent finishes the check
+        check._todo.append(taken)  # type: ignore[union-attr]
+        np.testing.assert_array_equal(lib["main"](IDX), table[IDX])
+
+
+def test_exit_does_not_wait_for_the_thread(built):
+    so, _table = built
+    done = run_python("import sys; from kiln.runtime import load_module; "
+                      "lib = load_module(sys.argv[1]); print('loaded')", str(so), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "loaded"
