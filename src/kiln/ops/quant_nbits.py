@@ -15,6 +15,11 @@ The weight is `W[k, n] = (code - zero_point) * scale` of `k`'s block, and the re
 `a @ W`: the weights stay in their packed bytes (a quarter of float32's at 4 bits, plus
 the scales) and the kernel (kiln.kernels.gemm.nbits) unpacks them as it goes. The te
 compute (the portable lowering) and the reference dequantize elementwise.
+
+`matmul_nbits_packed(a, bp, scales[, zero_points])` is the same product on the operands
+the `nbits` kernel family repacks at compile time (`pack_nbits`): panels of `nr` columns,
+each byte of the panel's columns contiguous, so the kernel loads `nr` columns' codes with
+one vector load and broadcasts A.
 """
 
 from __future__ import annotations
@@ -127,3 +132,96 @@ def _ref(a: np.ndarray, b: np.ndarray, scales: np.ndarray,
 
 
 OPS.register(MATMUL_NBITS, OpDef(MATMUL_NBITS, "anchor", _infer, _compute, _ref))
+
+
+# ------------------------------------------------------------- the kernel's packed form
+
+#: The packed op the `nbits` kernel family rewrites `matmul_nbits` into at compile time.
+PACKED_NBITS = "matmul_nbits_packed"
+
+
+def _panels(x: np.ndarray, nr: int) -> np.ndarray:
+    """`x` (`[N, ...]`) in panels of `nr` columns: `[ceil(N / nr), ..., nr]`, the columns
+    past N zero."""
+    n = x.shape[0]
+    panels = -(-n // nr)
+    padded = np.zeros((panels * nr, *x.shape[1:]), x.dtype)
+    padded[:n] = x
+    moved = padded.reshape(panels, nr, *x.shape[1:])
+    return np.ascontiguousarray(np.moveaxis(moved, 1, -1))
+
+
+def pack_nbits(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
+               nr: int) -> list[np.ndarray]:
+    """`matmul_nbits`' constant operands in `matmul_nbits_packed`'s panels of `nr`
+    columns: `b` `[N, blocks, blob]` -> `[panels, blocks, blob, nr]` (one byte of `nr`
+    columns contiguous: a vector load), scales and zero points `[N, blocks]` ->
+    `[panels, blocks, nr]`; columns past N have zero codes, scales and zero points."""
+    out = [_panels(b, nr), _panels(scales, nr)]
+    return out + ([_panels(zero_points, nr)] if zero_points is not None else [])
+
+
+def _unpanel(x: np.ndarray, n: int) -> np.ndarray:
+    """`_panels` undone."""
+    moved = np.moveaxis(x, -1, 1)
+    return moved.reshape(-1, *moved.shape[2:])[:n]
+
+
+def _check_packed(types: Sequence[Any], attrs: Attrs) -> tuple[int, int]:
+    """(K, N) of a packed call, its operands checked."""
+    k, n, _, _, blocks, blob = nbits_layout(attrs)
+    if len(types) not in (3, 4):
+        raise IRError(f"{PACKED_NBITS}: takes a, bp, scales and optional zero_points, got "
+                      f"{len(types)} operands")
+    bp = tuple(types[1].shape)
+    nr = bp[-1] if len(bp) == 4 else 0
+    panels = -(-n // nr) if nr else 0
+    want = [("bp", "uint8", (panels, blocks, blob, nr)),
+            ("scales", "float32", (panels, blocks, nr)),
+            ("zero_points", "float32", (panels, blocks, nr))]
+    for t, (what, dtype, shape) in zip(types[1:], want):
+        if not nr or t.dtype != dtype or tuple(t.shape) != shape:
+            raise IRError(f"{PACKED_NBITS}: {what} must be {dtype} {list(shape)} (panels "
+                          f"of nr columns), got {t.dtype} {list(t.shape)}")
+    a = types[0]
+    if a.dtype != "float32" or not a.shape or a.shape[-1] != k:
+        raise IRError(f"{PACKED_NBITS}: A must be float32 [..., {k}], got {a.dtype} "
+                      f"{list(a.shape)}")
+    return k, n
+
+
+def _infer_packed(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    k, n = _check_packed(types, attrs)
+    return matmul_infer([types[0], TensorType((k, n), "float32")], {})
+
+
+def _compute_packed(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    k, n = _check_packed(inputs, attrs)
+    _, _, bits, block, _, _ = nbits_layout(attrs)
+    per_byte = 8 // bits
+    bp, sp = inputs[1], inputs[2]
+    zps = inputs[3] if len(inputs) > 3 else None
+    nr = int(bp.shape[-1])
+
+    def element(kk: PrimExpr, j: PrimExpr) -> PrimExpr:
+        p, v, blk = j // nr, j % nr, kk // block
+        byte = Cast("int32", bp[p, blk, (kk % block) // per_byte, v])
+        code = byte if per_byte == 1 else (
+            (byte >> Cast("int32", (kk % per_byte) * bits)) & Const((1 << bits) - 1, "int32"))
+        zp: PrimExpr = zps[p, blk, v] if zps is not None else Const(
+            float(1 << (bits - 1)), "float32")
+        return (Cast("float32", code) - zp) * sp[p, blk, v]
+
+    weight = te.compute((k, n), element, "float32", "w")
+    return matmul_compute([inputs[0], weight], {})
+
+
+def _ref_packed(a: np.ndarray, bp: np.ndarray, sp: np.ndarray, zp: np.ndarray | None = None,
+                **attrs: Any) -> np.ndarray:
+    n = int(attrs["n"])
+    zero_points = _unpanel(zp, n) if zp is not None else None
+    return matmul_ref(a, dequantized(_unpanel(bp, n), _unpanel(sp, n), zero_points, attrs))
+
+
+OPS.register(PACKED_NBITS, OpDef(PACKED_NBITS, "anchor", _infer_packed, _compute_packed,
+                                 _ref_packed))

@@ -1,0 +1,109 @@
+"""The 4-/8-bit weight kernels (`matmul_nbits` -> `matmul_nbits_packed`, kiln.kernels.gemm
+.nbits) against onnxruntime's MatMulNBits.
+
+One model holds every case as a branch (one compile a target): 4 bits in blocks of 16
+with packed uint8 zero points, 8 bits in blocks of 128 with the default zero point and a
+bias (fused into the kernel's store); K = 136 (no multiple of either block: the last
+block padded), N = 40 (a partial panel on every target). Each kernel costs about 2 s of
+LLVM a target, so the other forms (blocks of 32 and 64, float zero points, onnxruntime's
+own quantizer's output) are tests/frontend/test_contrib_llm_ops.py's, on llvm and c,
+which run on these kernels too. A's rows are symbolic
+(`batch`, `seq`), so the kernel's M = 1 branch (the GEMV) and its M > 1 branch (the GEMM
+on dequantized panels) both run: M = 1, 3 and 17. accuracy_level is unset, so
+onnxruntime dequantizes B and multiplies in float32 as kiln does: only the order of the
+sums differs (rtol and atol 1e-4 over K = 136).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+import kiln
+from kiln.frontend import from_onnx
+from kiln.ops.quant_nbits import pack_nbits
+from support.graphs import GraphBuilder
+from support.reference import onnxruntime_outputs
+from support.targets import NATIVE_TARGETS, native_target
+
+MS = "com.microsoft"
+K, N = 136, 40
+#: name -> (bits, block, zero points: "packed" uint8, "float" or "none", bias)
+CASES = {
+    "b4k16_packed_zp": (4, 16, "packed", False),
+    "b8k128_default_zp_bias": (8, 128, "none", True),
+}
+ROWS = ((1, 1), (1, 3), (1, 17), (3, 1))  # (batch, seq): M = 1, 3, 17, 3
+
+
+def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 bytes of `codes` (`[rows, count]`), low bits first (MatMulNBits' packing)."""
+    per = 8 // bits
+    rows = codes.reshape(codes.shape[0], -1, per).astype(np.uint16)
+    out = np.zeros(rows.shape[:2], np.uint16)
+    for i in range(per):
+        out |= rows[..., i] << (i * bits)
+    return out.astype(np.uint8)
+
+
+def _node(b: GraphBuilder, name: str, bits: int, block: int, zp: str, bias: bool) -> None:
+    rng = b.rng
+    blocks = -(-K // block)
+    codes = rng.integers(0, 1 << bits, (N, blocks * block))
+    inputs = [b.input(f"a_{name}", ["batch", "seq", K]),
+              b.const(_pack(codes, bits).reshape(N, blocks, block * bits // 8)),
+              b.const(rng.uniform(0.01, 0.1, (N, blocks)).astype(np.float32))]
+    if zp == "packed":
+        zps = rng.integers(0, 1 << bits, (N, blocks + (-blocks) % (8 // bits)))
+        inputs.append(b.const(_pack(zps, bits)))
+    elif zp == "float":
+        inputs.append(b.const(rng.uniform(0, 1 << bits, (N, blocks)).astype(np.float32)))
+    else:
+        inputs.append("")
+    if bias:
+        inputs += [""] * (5 - len(inputs)) + [b.const(rng.normal(0, 1, N).astype(np.float32))]
+    b.node("MatMulNBits", inputs, [f"y_{name}"], domain=MS, K=K, N=N, bits=bits,
+           block_size=block)
+    b.output(f"y_{name}", ["batch", "seq", N])
+
+
+@pytest.fixture(scope="module")
+def model() -> onnx.ModelProto:
+    b = GraphBuilder(seed=61)
+    for name, case in CASES.items():
+        _node(b, name, *case)
+    return b.model(opset={"": 17, MS: 1}, check=False)
+
+
+@pytest.fixture(scope="module", params=NATIVE_TARGETS)
+def compiled(request: pytest.FixtureRequest, model: onnx.ModelProto) -> kiln.Executable:
+    return kiln.compile(from_onnx(model), native_target(request.param))
+
+
+def test_kernels_match_onnxruntime(model: onnx.ModelProto, compiled: kiln.Executable) -> None:
+    script = compiled.ir.script()
+    assert script.count('"kiln.gemm_kernel": "matmul_nbits_packed"') == len(CASES)
+    rng = np.random.default_rng(5)
+    for batch, seq in ROWS:
+        feeds: dict[str, Any] = {f"a_{name}": rng.standard_normal((batch, seq, K)).astype(
+            np.float32) for name in CASES}
+        want = onnxruntime_outputs(model, feeds)
+        got = compiled["main"](*feeds.values())
+        for name, g, w in zip(CASES, got, want):
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{name} at {batch}x{seq}")
+
+
+def test_weights_stay_packed() -> None:
+    """The packed operands hold the codes' bytes (a quarter of float32's at 4 bits),
+    columns past N zero."""
+    rng = np.random.default_rng(1)
+    b = rng.integers(0, 256, (5, 3, 16), dtype=np.uint8)
+    scales = rng.uniform(size=(5, 3)).astype(np.float32)
+    bp, sp = pack_nbits(b, scales, None, 4)
+    assert bp.dtype == np.uint8 and bp.shape == (2, 3, 16, 4) and sp.shape == (2, 3, 4)
+    assert (bp[0, :, :, 1] == b[1]).all() and (bp[1, :, :, 0] == b[4]).all()
+    assert not bp[1, :, :, 1:].any() and not sp[1, :, 1:].any()
