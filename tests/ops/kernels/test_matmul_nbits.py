@@ -7,9 +7,9 @@ bias (fused into the kernel's store); K = 136 (no multiple of either block: the 
 block padded), N = 40 (a partial panel on every target). Each kernel costs about 2 s of
 LLVM a target, so the other forms (blocks of 32 and 64, float zero points, onnxruntime's
 own quantizer's output) are tests/frontend/test_contrib_llm_ops.py's, on llvm and c,
-which run on these kernels too. A's rows are symbolic
-(`batch`, `seq`), so the kernel's M = 1 branch (the GEMV) and its M > 1 branch (the GEMM
-on dequantized panels) both run: M = 1, 3 and 17. accuracy_level is unset, so
+which run on these kernels too. A's rows are symbolic (`batch`, `seq`), so the kernel's
+M = 1 branch (the GEMV) and its M > 1 branch (the GEMM on dequantized blocks) both run:
+M = 1, 3, 17 and 80 (past one chunk of row tiles). accuracy_level is unset, so
 onnxruntime dequantizes B and multiplies in float32 as kiln does: only the order of the
 sums differs (rtol and atol 1e-4 over K = 136).
 """
@@ -36,7 +36,7 @@ CASES = {
     "b4k16_packed_zp": (4, 16, "packed", False),
     "b8k128_default_zp_bias": (8, 128, "none", True),
 }
-ROWS = ((1, 1), (1, 3), (1, 17), (3, 1))  # (batch, seq): M = 1, 3, 17, 3
+ROWS = ((1, 1), (1, 3), (1, 17), (3, 1), (2, 40))  # (batch, seq): M = 1, 3, 17, 3, 80
 
 
 def _pack(codes: np.ndarray, bits: int) -> np.ndarray:

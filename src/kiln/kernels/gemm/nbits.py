@@ -14,18 +14,20 @@ loop's prefill and decode steps call the same kernel):
   value of their k into per-field block sums. At the block's end the sums are scaled:
   `acc += scale * (sum(code * a) - zero_point * sum(a))`, so the zero point costs one
   multiply-add a block, not one subtraction a weight.
-- **M > 1, prefill**: the float32 GEMM micro-kernel (kiln.kernels.gemm.loop_nest) with
-  `copy_panels`: a parallel tile dequantizes one panel, `(code - zero_point) * scale`
-  for its K rows, into a float block on the stack, which every row tile of A then
-  reads as a packed float32 panel; the dequantization is O(K N) against O(M K N)
-  multiply-adds.
+- **M > 1, prefill**: a parallel tile is one panel by a chunk of `GEMM_CHUNK_TILES`
+  row tiles. For each block of K it dequantizes the panel's block,
+  `(code - zero_point) * scale`, into a float tile on the stack once, then runs every
+  row tile of the chunk over it with the float32 micro-kernel's register tile (`mr`
+  broadcasts of A by `nr` lanes a step, kiln.kernels.gemm.micro_kernel), adding into
+  the chunk's partial sums, which the epilogue stores after the last block. The
+  dequantization is O(K N) a chunk against O(mc K N) multiply-adds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -54,10 +56,7 @@ from kiln.ir.tensor import (
 from kiln.ir.types import TensorType
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.gemm.families import choose_tile
-from kiln.kernels.gemm.knobs import GemmTiling
-from kiln.kernels.gemm.loop_nest import gemm_body
-from kiln.kernels.gemm.micro_kernel import GemmShape
-from kiln.kernels.gemm.schedule import GemmSchedule
+from kiln.kernels.gemm.micro_kernel import unflatten
 from kiln.kernels.registry import Family
 from kiln.kernels.tiles import (
     Epilogue,
@@ -76,8 +75,9 @@ from kiln.target.isa import ISA
 #: Panels of one GEMV register tile: with two vectors a panel, 4 vector accumulators and
 #: 4 per field of the byte (8 for 4-bit codes) hide the multiply-add latency.
 GEMV_PANELS = 2
-#: The most stack one prefill tile's dequantized panel may take (else the te compute).
-PANEL_STACK_BYTES = 4 << 20
+#: Row tiles of one prefill chunk: each dequantized block serves that many (a chunk's
+#: partial sums, `mr * GEMM_CHUNK_TILES` rows by `nr`, stay on the stack).
+GEMM_CHUNK_TILES = 8
 
 
 @dataclass(frozen=True)
@@ -243,13 +243,97 @@ def gemv_nbits(nest: NbitsNest) -> Stmt:
 
 # ----------------------------------------------------------------------------- GEMM
 
+def _row_tile(nest: NbitsNest, chunk_row0: PrimExpr, rt: PrimExpr, mr: int, m: Any,
+              k0: PrimExpr, klen: int, wbuf: Buffer, psum: Buffer) -> Stmt:
+    """Row tile `rt` of a chunk over one block's `klen` rows of K from `k0`: the partial
+    sums `psum` read into registers, `klen` steps of `mr` broadcasts of A by a row of the
+    dequantized block, written back. Rows past M read the last row."""
+    nr = nest.nr
+    lets: list[Stmt] = []
+    a_rows = []
+    for r in range(mr):
+        row = Var(f"row{r}", INDEX_DTYPE)
+        lets.append(LetStmt(row, min_(chunk_row0 + rt * mr + r, m - 1)))
+        a_rows.append(unflatten(row, nest.rows, f"r{r}_", lets))
+    acc = Buffer("acc", (mr, nr), "float32", "local")
+    load = lanes_loop("v", nr, lambda v: seq(*(
+        Store(acc, psum[rt * mr + r, v], (const(r), v)) for r in range(mr))))
+    kk = Var("kk", INDEX_DTYPE)
+    avs = [Var(f"a{r}", "float32") for r in range(mr)]
+    step = seq(*(LetStmt(avs[r], nest.a[(*a_rows[r], k0 + kk)]) for r in range(mr)),
+               lanes_loop("v", nr, lambda v: seq(*(Store(acc, madd(
+                   acc[const(r), v], avs[r], wbuf[kk, v], nest.isa.fma), (const(r), v))
+                   for r in range(mr)))))
+    save = lanes_loop("v", nr, lambda v: seq(*(
+        Store(psum, acc[const(r), v], (rt * mr + r, v)) for r in range(mr))))
+    return seq(*lets, Allocate(acc), load, For(kk, const(0), const(klen), "serial", step),
+               save)
+
+
+def _chunk_block(nest: NbitsNest, p: PrimExpr, chunk_row0: PrimExpr, rtiles: PrimExpr,
+                 mr: int, m: Any, blk: PrimExpr, klen: int, wbuf: Buffer,
+                 psum: Buffer) -> Stmt:
+    """One block of K for a chunk of rows: its `klen` rows of panel `p` dequantized into
+    `wbuf` once, then every row tile of the chunk over them."""
+    kk, rt = Var("kk", INDEX_DTYPE), Var("rt", INDEX_DTYPE)
+    k0 = blk * nest.block
+    fill = For(kk, const(0), const(klen), "serial", lanes_loop("v", nest.nr, lambda v: Store(
+        wbuf, nest.weight(p, k0 + kk, v), (kk, v))))
+    tiles = For(rt, const(0), as_expr(rtiles, INDEX_DTYPE), "serial",
+                _row_tile(nest, chunk_row0, rt, mr, m, k0, klen, wbuf, psum))
+    return seq(fill, tiles)
+
+
+def _chunk_stores(nest: NbitsNest, p: PrimExpr, chunk_row0: PrimExpr, rows_here: PrimExpr,
+                  psum: Buffer) -> Stmt:
+    """The chunk's rows (those before M) and the panel's columns (before N) stored
+    through the epilogue."""
+    nr, n = nest.nr, nest.n
+    r, v, row = Var("r", INDEX_DTYPE), Var("v", INDEX_DTYPE), Var("row", INDEX_DTYPE)
+    lets: list[Stmt] = [LetStmt(row, chunk_row0 + r)]
+    idx = (*unflatten(row, nest.rows, "o", lets), p * nr + v)
+    cols: PrimExpr = const(nr) if n % nr == 0 else min_(nr, n - p * nr)
+    kind = "vectorized" if isinstance(cols, Const) else "serial"
+    inner = For(v, const(0), cols, kind, Store(nest.out, nest.epilogue(psum[r, v], idx), idx))
+    return For(r, const(0), rows_here, "serial", seq(*lets, inner))
+
+
 def gemm_nbits(nest: NbitsNest, mr: int) -> Stmt:
-    """M > 1: the float32 micro-kernel over panels dequantized on the stack."""
-    shape = GemmShape((), (), nest.rows, nest.n, nest.k)
-    schedule = GemmSchedule(GemmTiling(mr, nest.nr), nest.isa.fma, copy_panels=True)
-    return gemm_body(shape, schedule, nest.a,
-                     lambda bidx, p, kk, v: nest.weight(p, kk, v), nest.out, nest.epilogue,
-                     isa=nest.isa)
+    """M > 1: parallel tiles of (panel, chunk of `GEMM_CHUNK_TILES` row tiles); each K
+    block of the panel is dequantized once into a float tile on the stack, which every
+    row tile of the chunk multiplies into its partial sums (the float32 micro-kernel's
+    register tile: `mr` broadcasts of A by `nr` lanes a step)."""
+    m = dim_product(nest.rows)
+    mc = mr * GEMM_CHUNK_TILES
+    chunks = cast(int, (m + mc - 1) // mc)  # symbolic where M is
+    whole, tail = divmod(nest.k, nest.block)
+
+    def tile(p: PrimExpr, c: PrimExpr) -> Stmt:
+        psum = Buffer("psum", (mc, nest.nr), "float32", "local")
+        wbuf = Buffer("wblock", (nest.block, nest.nr), "float32", "local")
+        row0 = Var("row0", INDEX_DTYPE)
+        here = Var("rows_here", INDEX_DTYPE)
+        static = isinstance(m, int) and m % mc == 0
+        rtiles = (here + (mr - 1)) // mr
+        zero = as_expr(0.0, "float32")
+        i = Var("i", INDEX_DTYPE)
+        init = For(i, const(0), const(mc), "serial",
+                   lanes_loop("v", nest.nr, lambda v: Store(psum, zero, (i, v))))
+        blk = Var("blk", INDEX_DTYPE)
+        body: list[Stmt] = [LetStmt(row0, c * mc),
+                            LetStmt(here, const(mc) if static else min_(mc, m - c * mc)),
+                            Allocate(psum), Allocate(wbuf), init]
+        if whole:
+            body.append(For(blk, const(0), const(whole), "serial", _chunk_block(
+                nest, p, row0, rtiles, mr, m, blk, nest.block, wbuf, psum)))
+        if tail:
+            body.append(_chunk_block(nest, p, row0, rtiles, mr, m, const(whole), tail,
+                                     wbuf, psum))
+        body.append(_chunk_stores(nest, p, row0, here, psum))
+        return seq(*body)
+
+    return parallel_when(lambda: parallel_tiles((nest.panels, chunks), tile),
+                         m * nest.n * nest.k, isa=nest.isa)
 
 
 # --------------------------------------------------------------------------- family
@@ -266,8 +350,7 @@ class NbitsGemm(Family):
     def applies(self, call: g.Call, isa: ISA) -> bool:
         a = call.args[0].type
         return (all(_constant(x) for x in call.args[1:]) and isinstance(a, TensorType)
-                and a.dtype == "float32" and isinstance(a.shape[-1], int)
-                and nbits_layout(call.attrs)[0] * 2 * tile_lanes(isa) * 4 <= PANEL_STACK_BYTES)
+                and a.dtype == "float32" and isinstance(a.shape[-1], int))
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         nr = 2 * tile_lanes(isa)
