@@ -6,15 +6,16 @@ sums, and 4: A quantized to int8 per block), in this process.
 A GEMV reads every weight byte once, so it is bound by memory bandwidth once the weights
 leave the caches: the table prints the bytes each call reads (the packed codes and the
 float32 scales), kiln's GB/s over them, and that as a share of this machine's bandwidth,
-measured first as a numpy copy of a 512 MiB array (bytes read plus bytes written, one
-thread). Shapes: Llama-style layers of bench/llm.py's model (hidden 512) and of 1-7B
-models (hidden 2048-4096, FFN 5632-11008).
+measured first as a numpy copy of a 512 MiB array (bytes read plus bytes written, on as
+many threads as the kernels). Shapes: Llama-style layers of bench/llm.py's model (hidden
+512) and of 1-7B models (hidden 2048-4096, FFN 5632-11008).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
@@ -31,15 +32,19 @@ SHAPES = ((512, 512), (512, 1024), (2048, 2048), (2048, 5632), (4096, 4096), (40
           (11008, 4096))
 
 
-def copy_bandwidth(mib: int = 512, rounds: int = 5) -> float:
-    """GB/s of a numpy copy of `mib` MiB (read plus written bytes; the best of `rounds`)."""
+def copy_bandwidth(threads: int, mib: int = 512, rounds: int = 5) -> float:
+    """GB/s of a numpy copy of `mib` MiB split over `threads` threads (numpy releases the
+    GIL while it copies), read plus written bytes, the best of `rounds`."""
     src = np.ones(mib << 18, np.float32)
     dst = np.empty_like(src)
+    parts = np.array_split(np.arange(src.size), threads)
+    bounds = [(int(p[0]), int(p[-1]) + 1) for p in parts]
     best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - start)
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            list(pool.map(lambda b: np.copyto(dst[b[0]:b[1]], src[b[0]:b[1]]), bounds))
+            best = min(best, time.perf_counter() - start)
     return 2 * src.nbytes / best / 1e9
 
 
@@ -77,8 +82,8 @@ def _ort(model: onnx.ModelProto, threads: int) -> Callable[[dict[str, np.ndarray
 def print_nbits(target: kiln.target.Target, repeat: int, seconds: float,
                 threads: int) -> list[str]:
     """Times each shape and prints (and returns) the table's lines."""
-    bandwidth = copy_bandwidth()
-    lines = [f"memory bandwidth (numpy copy of 512 MiB, read + written, one thread): "
+    bandwidth = copy_bandwidth(threads)
+    lines = [f"memory bandwidth (numpy copy of 512 MiB, read + written, {threads} threads): "
              f"{bandwidth:.1f} GB/s", ""]
     lines.append(f"{'K x N':<12} {'MiB':>6} {'kiln us':>8} {'ort us':>8} {'ort4 us':>8} "
                  f"{'kiln GB/s':>9} {'%bw':>5} {'kiln %ort':>9} {'max err':>8}")
@@ -101,7 +106,9 @@ def _row(k: int, n: int, target: kiln.target.Target, repeat: int, seconds: float
     ort4 = _ort(nbits_model(k, n, 4, np.random.default_rng(k + n))[0], threads)
     err = float(np.abs(np.asarray(fn(x)) - ort0(feed)[0]).max())  # type: ignore[index]
     fns = {"kiln": lambda: fn(x), "ort": lambda: ort0(feed), "ort4": lambda: ort4(feed)}
-    ms = alternating_blocks_ms(fns, calls_within(fns, repeat, seconds))
+    # one thread: the calling thread's CPU time (a loaded machine's waits not counted)
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    ms = alternating_blocks_ms(fns, calls_within(fns, repeat, seconds), clock=clock)
     gbs = nbytes / (ms["kiln"] * 1e-3) / 1e9
     return (f"{f'{k} x {n}':<12} {nbytes / 2**20:>6.1f} {1e3 * ms['kiln']:>8.1f} "
             f"{1e3 * ms['ort']:>8.1f} {1e3 * ms['ort4']:>8.1f} {gbs:>9.1f} "
