@@ -129,8 +129,13 @@ class NbitsNest:
         byte = Cast("int32", self.bp[p, blk, j, v])
         if self.fields == 1:
             return Cast("float32", byte)
-        shift = as_expr(field, INDEX_DTYPE) * self.bits
         mask = Const((1 << self.bits) - 1, "int32")
+        if isinstance(field, int):  # the GEMV's: the low field needs no shift, the high no mask
+            if field == 0:
+                return Cast("float32", byte & mask)
+            shifted = byte >> Const(field * self.bits, "int32")
+            return Cast("float32", shifted if field == self.fields - 1 else shifted & mask)
+        shift = as_expr(field, INDEX_DTYPE) * self.bits
         return Cast("float32", (byte >> Cast("int32", shift)) & mask)
 
     def weight(self, p: PrimExpr, kk: PrimExpr, v: PrimExpr) -> PrimExpr:
