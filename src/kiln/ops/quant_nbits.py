@@ -59,19 +59,25 @@ def nbits_layout(attrs: Attrs) -> tuple[int, int, int, int, int, int]:
 def _check(types: Sequence[Any], attrs: Attrs) -> tuple[int, int]:
     """(K, N) of a call, its operands' types checked against the attributes."""
     k, n, _, _, blocks, blob = nbits_layout(attrs)
+    return _check_operands(MATMUL_NBITS, types, k, n, (n, blocks, blob), (n, blocks))
+
+
+def _check_operands(op: str, types: Sequence[Any], k: int, n: int, b_shape: tuple[int, ...],
+                    block_shape: tuple[int, ...]) -> tuple[int, int]:
+    """(K, N), after checking `op`'s operands: B uint8 of `b_shape`, scales and zero
+    points float32 of `block_shape`, A float32 `[..., K]`."""
     if len(types) not in (3, 4):
-        raise IRError(f"{MATMUL_NBITS}: takes a, b, scales and optional zero_points, got "
+        raise IRError(f"{op}: takes a, b, scales and optional zero_points, got "
                       f"{len(types)} operands")
-    want = [("b", "uint8", (n, blocks, blob)), ("scales", "float32", (n, blocks)),
-            ("zero_points", "float32", (n, blocks))]
+    want = [("b", "uint8", b_shape), ("scales", "float32", block_shape),
+            ("zero_points", "float32", block_shape)]
     for t, (what, dtype, shape) in zip(types[1:], want):
         if t.dtype != dtype or tuple(t.shape) != shape:
-            raise IRError(f"{MATMUL_NBITS}: {what} must be {dtype} {list(shape)}, got "
+            raise IRError(f"{op}: {what} must be {dtype} {list(shape)}, got "
                           f"{t.dtype} {list(t.shape)}")
     a = types[0]
     if a.dtype != "float32" or not a.shape or a.shape[-1] != k:
-        raise IRError(f"{MATMUL_NBITS}: A must be float32 [..., {k}], got {a.dtype} "
-                      f"{list(a.shape)}")
+        raise IRError(f"{op}: A must be float32 [..., {k}], got {a.dtype} {list(a.shape)}")
     return k, n
 
 
@@ -170,24 +176,11 @@ def _unpanel(x: np.ndarray, n: int) -> np.ndarray:
 def _check_packed(types: Sequence[Any], attrs: Attrs) -> tuple[int, int]:
     """(K, N) of a packed call, its operands checked."""
     k, n, _, _, blocks, blob = nbits_layout(attrs)
-    if len(types) not in (3, 4):
-        raise IRError(f"{PACKED_NBITS}: takes a, bp, scales and optional zero_points, got "
-                      f"{len(types)} operands")
-    bp = tuple(types[1].shape)
-    nr = bp[-1] if len(bp) == 4 else 0
-    panels = -(-n // nr) if nr else 0
-    want = [("bp", "uint8", (panels, blocks, blob, nr)),
-            ("scales", "float32", (panels, blocks, nr)),
-            ("zero_points", "float32", (panels, blocks, nr))]
-    for t, (what, dtype, shape) in zip(types[1:], want):
-        if not nr or t.dtype != dtype or tuple(t.shape) != shape:
-            raise IRError(f"{PACKED_NBITS}: {what} must be {dtype} {list(shape)} (panels "
-                          f"of nr columns), got {t.dtype} {list(t.shape)}")
-    a = types[0]
-    if a.dtype != "float32" or not a.shape or a.shape[-1] != k:
-        raise IRError(f"{PACKED_NBITS}: A must be float32 [..., {k}], got {a.dtype} "
-                      f"{list(a.shape)}")
-    return k, n
+    bp = tuple(types[1].shape) if len(types) > 1 else ()
+    nr = int(bp[-1]) if len(bp) == 4 and isinstance(bp[-1], int) and bp[-1] > 0 else 1
+    panels = -(-n // nr)  # (a malformed bp: the shape of nr 1 that it fails against)
+    return _check_operands(PACKED_NBITS, types, k, n, (panels, blocks, blob, nr),
+                           (panels, blocks, nr))
 
 
 def _infer_packed(types: Sequence[TensorType], attrs: Attrs) -> Type:

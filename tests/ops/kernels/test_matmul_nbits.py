@@ -26,10 +26,10 @@ import kiln
 from kiln.frontend import from_onnx
 from kiln.ops.quant_nbits import pack_nbits
 from support.graphs import GraphBuilder
+from support.nbits import MS, hand_packed
 from support.reference import onnxruntime_outputs
 from support.targets import NATIVE_TARGETS, native_target
 
-MS = "com.microsoft"
 K, N = 136, 40
 #: name -> (bits, block, zero points: "packed" uint8, "float" or "none", bias)
 CASES = {
@@ -39,42 +39,12 @@ CASES = {
 ROWS = ((1, 1), (1, 3), (1, 17), (3, 1), (2, 40))  # (batch, seq): M = 1, 3, 17, 3, 80
 
 
-def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 bytes of `codes` (`[rows, count]`), low bits first (MatMulNBits' packing)."""
-    per = 8 // bits
-    rows = codes.reshape(codes.shape[0], -1, per).astype(np.uint16)
-    out = np.zeros(rows.shape[:2], np.uint16)
-    for i in range(per):
-        out |= rows[..., i] << (i * bits)
-    return out.astype(np.uint8)
-
-
-def _node(b: GraphBuilder, name: str, bits: int, block: int, zp: str, bias: bool) -> None:
-    rng = b.rng
-    blocks = -(-K // block)
-    codes = rng.integers(0, 1 << bits, (N, blocks * block))
-    inputs = [b.input(f"a_{name}", ["batch", "seq", K]),
-              b.const(_pack(codes, bits).reshape(N, blocks, block * bits // 8)),
-              b.const(rng.uniform(0.01, 0.1, (N, blocks)).astype(np.float32))]
-    if zp == "packed":
-        zps = rng.integers(0, 1 << bits, (N, blocks + (-blocks) % (8 // bits)))
-        inputs.append(b.const(_pack(zps, bits)))
-    elif zp == "float":
-        inputs.append(b.const(rng.uniform(0, 1 << bits, (N, blocks)).astype(np.float32)))
-    else:
-        inputs.append("")
-    if bias:
-        inputs += [""] * (5 - len(inputs)) + [b.const(rng.normal(0, 1, N).astype(np.float32))]
-    b.node("MatMulNBits", inputs, [f"y_{name}"], domain=MS, K=K, N=N, bits=bits,
-           block_size=block)
-    b.output(f"y_{name}", ["batch", "seq", N])
-
-
 @pytest.fixture(scope="module")
 def model() -> onnx.ModelProto:
     b = GraphBuilder(seed=61)
     for name, case in CASES.items():
-        _node(b, name, *case)
+        bits, block, zp, bias = case
+        hand_packed(b, name, bits, K, N, block, zp=zp, bias=bias)
     return b.model(opset={"": 17, MS: 1}, check=False)
 
 
