@@ -34,6 +34,7 @@ from kiln.ir.tensor import Cast, Const, PrimExpr
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.nn import matmul_compute, matmul_infer, matmul_ref
+from kiln.ops.packed_attrs import recorded_tile
 from kiln.ops.registry import OPS, OpDef
 
 MATMUL_NBITS = "matmul_nbits"
@@ -185,6 +186,10 @@ def _check_packed(types: Sequence[Any], attrs: Attrs) -> tuple[int, int]:
 
 def _infer_packed(types: Sequence[TensorType], attrs: Attrs) -> Type:
     k, n = _check_packed(types, attrs)
+    tile = recorded_tile(attrs, 2, PACKED_NBITS)
+    if tile is not None and tile[1] != types[1].shape[-1]:
+        raise IRError(f"{PACKED_NBITS}: tile {tile} does not match the panels' width "
+                      f"{types[1].shape[-1]}")
     return matmul_infer([types[0], TensorType((k, n), "float32")], {})
 
 

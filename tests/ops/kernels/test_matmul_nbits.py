@@ -23,8 +23,11 @@ import onnx
 import pytest
 
 import kiln
+from kiln.errors import IRError
 from kiln.frontend import from_onnx
+from kiln.ir.types import TensorType
 from kiln.ops.quant_nbits import pack_nbits
+from kiln.ops.registry import get_op
 from support.graphs import GraphBuilder
 from support.nbits import MS, hand_packed
 from support.reference import onnxruntime_outputs
@@ -77,3 +80,28 @@ def test_weights_stay_packed() -> None:
     assert bp.dtype == np.uint8 and bp.shape == (2, 3, 16, 4) and sp.shape == (2, 3, 4)
     assert (bp[0, :, :, 1] == b[1]).all() and (bp[1, :, :, 0] == b[4]).all()
     assert not bp[1, :, :, 1:].any() and not sp[1, :, 1:].any()
+
+
+A3 = TensorType((3, 40), "float32")
+
+
+@pytest.mark.parametrize(("op", "types", "attrs", "why"), [
+    ("matmul_nbits", [A3, TensorType((5, 3, 8), "uint8"), TensorType((5, 3), "float32")],
+     {"bits": 3}, r"bits 3; it takes \(4, 8\)"),
+    ("matmul_nbits", [A3, TensorType((5, 3, 8), "uint8"), TensorType((5, 3), "float32")],
+     {"block": 24}, "power of two"),
+    ("matmul_nbits", [A3, TensorType((5, 2, 8), "uint8"), TensorType((5, 3), "float32")],
+     {}, r"b must be uint8 \[5, 3, 8\]"),
+    ("matmul_nbits", [TensorType((3, 41), "float32"), TensorType((5, 3, 8), "uint8"),
+                      TensorType((5, 3), "float32")], {}, r"A must be float32 \[\.\.\., 40\]"),
+    ("matmul_nbits_packed", [A3, TensorType((1, 3, 8, 8), "uint8"),
+                             TensorType((1, 3, 4), "float32")], {},
+     r"scales must be float32 \[1, 3, 8\]"),
+    ("matmul_nbits_packed", [A3, TensorType((1, 3, 8, 8), "uint8"),
+                             TensorType((1, 3, 8), "float32")], {"tile": (4, 16)},
+     "does not match the panels' width 8"),
+])
+def test_malformed_calls_are_refused(op: str, types: list[TensorType], attrs: dict,
+                                     why: str) -> None:
+    with pytest.raises(IRError, match=why):
+        get_op(op).infer_type(types, {"k": 40, "n": 5, "bits": 4, "block": 16, **attrs})
