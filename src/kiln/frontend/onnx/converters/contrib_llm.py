@@ -7,10 +7,10 @@ model builder, onnxruntime's `MatMulNBitsQuantizer`), as compositions of kiln op
   arithmetic order: `(input + skip) + bias`, then `x / sqrt(mean(x^2) + eps) * gamma`;
 - com.microsoft `MatMulNBits` (block-quantized 2/4/8-bit weights): 4- and 8-bit weights
   become kiln's `matmul_nbits` (kiln.ops.quant_nbits), which keeps B's packed bytes and
-  unpacks them in its kernel (kiln.kernels.gemm.nbits: a GEMV for one row, the float GEMM
-  on a run-time dequantized copy for more); 2-bit weights and g_idx (act-order) are
-  dequantized at import to a float32 [K, N] matrix and the node becomes a float MatMul
-  (+ bias), at 8x the memory of the int4 form.
+  unpacks them in its kernel (kiln.kernels.gemm.nbits: a GEMV for one row, the float
+  register tile over K blocks dequantized on the stack for more); 2-bit weights and g_idx
+  (act-order) are dequantized at import to a float32 [K, N] matrix and the node becomes
+  a float MatMul (+ bias), at 8x the memory of the int4 form.
 
 - com.microsoft `RotaryEmbedding` (RoPE from cos/sin caches, half-split or interleaved,
   partial rotation): `x * C + partner(x) * S`, where `partner` permutes the lanes of each
