@@ -20,7 +20,9 @@ loop's prefill and decode steps call the same kernel):
   row tile of the chunk over it with the float32 micro-kernel's register tile (`mr`
   broadcasts of A by `nr` lanes a step, kiln.kernels.gemm.micro_kernel), adding into
   the chunk's partial sums, which the epilogue stores after the last block. The
-  dequantization is O(K N) a chunk against O(mc K N) multiply-adds.
+  dequantization is O(K N) a chunk against O(mc K N) multiply-adds. Over a symbolic M
+  the tiles always run in parallel (a prompt's product is large; a serial twin chosen at
+  run time would double the kernel's code and compile time for rare small products).
 """
 
 from __future__ import annotations
@@ -337,6 +339,8 @@ def gemm_nbits(nest: NbitsNest, mr: int) -> Stmt:
         body.append(_chunk_stores(nest, p, row0, here, psum))
         return seq(*body)
 
+    if not isinstance(m, int):  # one parallel nest: a serial twin would double the kernel
+        return parallel_tiles((nest.panels, chunks), tile)
     return parallel_when(lambda: parallel_tiles((nest.panels, chunks), tile),
                          m * nest.n * nest.k, isa=nest.isa)
 
