@@ -23,15 +23,16 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
 
 
 def hand_packed(b: GraphBuilder, name: str, bits: int, k: int, n: int, block: int, *,
-                zp: str = "packed", g_idx: bool = False, bias: bool = False) -> None:
-    """A MatMulNBits node on input `a_{name}` ([batch, seq, k]) to output `y_{name}`:
+                zp: str = "packed", g_idx: bool = False, bias: bool = False,
+                rows: tuple[int | str, ...] = ("batch", "seq")) -> None:
+    """A MatMulNBits node on input `a_{name}` ([*rows, k]) to output `y_{name}`:
     random codes and scales, zero points packed uint8 ("packed"), float ("float") or
     none (the default 2^(bits-1)); act-order `g_idx` (a permutation of the K rows'
     blocks); a bias."""
     rng = b.rng
     blocks = -(-k // block)
     codes = rng.integers(0, 1 << bits, (n, blocks * block))
-    inputs = [b.input(f"a_{name}", ["batch", "seq", k]),
+    inputs = [b.input(f"a_{name}", [*rows, k]),
               b.const(pack_codes(codes, bits).reshape(n, blocks, block * bits // 8)),
               b.const(rng.uniform(0.01, 0.1, (n, blocks)).astype(np.float32))]
     if zp == "packed":
@@ -47,4 +48,4 @@ def hand_packed(b: GraphBuilder, name: str, bits: int, k: int, n: int, block: in
         inputs += [""] * (5 - len(inputs)) + [b.const(rng.normal(0, 1, n).astype(np.float32))]
     b.node("MatMulNBits", inputs, [f"y_{name}"], domain=MS, K=k, N=n, bits=bits,
            block_size=block)
-    b.output(f"y_{name}", ["batch", "seq", n])
+    b.output(f"y_{name}", [*rows, n])

@@ -3,7 +3,8 @@
 
 One model holds every case as a branch (one compile a target): 4 bits in blocks of 16
 with packed uint8 zero points, 8 bits in blocks of 128 with the default zero point and a
-bias (fused into the kernel's store); K = 136 (no multiple of either block: the last
+bias (fused into the kernel's store), and 4 bits in blocks of 32 with float zero points on
+one static row (the GEMV alone); K = 136 (no multiple of either block: the last
 block padded), N = 40 (a partial panel on every target). Each kernel costs about 2 s of
 LLVM a target, so the other forms (blocks of 32 and 64, float zero points, onnxruntime's
 own quantizer's output) are tests/frontend/test_contrib_llm_ops.py's, on llvm and c,
@@ -39,6 +40,7 @@ CASES = {
     "b4k16_packed_zp": (4, 16, "packed", False),
     "b8k128_default_zp_bias": (8, 128, "none", True),
 }
+STATIC_ROW = "b4k32_float_zp_one_row"
 ROWS = ((1, 1), (1, 3), (1, 17), (3, 1), (2, 40))  # (batch, seq): M = 1, 3, 17, 3, 80
 
 
@@ -48,6 +50,8 @@ def model() -> onnx.ModelProto:
     for name, case in CASES.items():
         bits, block, zp, bias = case
         hand_packed(b, name, bits, K, N, block, zp=zp, bias=bias)
+    # a static row: the kernel is the GEMV alone
+    hand_packed(b, STATIC_ROW, 4, K, N, 32, zp="float", rows=(1, 1))
     return b.model(opset={"": 17, MS: 1}, check=False)
 
 
@@ -58,14 +62,15 @@ def compiled(request: pytest.FixtureRequest, model: onnx.ModelProto) -> kiln.Exe
 
 def test_kernels_match_onnxruntime(model: onnx.ModelProto, compiled: kiln.Executable) -> None:
     script = compiled.ir.script()
-    assert script.count('"kiln.gemm_kernel": "matmul_nbits_packed"') == len(CASES)
+    assert script.count('"kiln.gemm_kernel": "matmul_nbits_packed"') == len(CASES) + 1
     rng = np.random.default_rng(5)
     for batch, seq in ROWS:
         feeds: dict[str, Any] = {f"a_{name}": rng.standard_normal((batch, seq, K)).astype(
             np.float32) for name in CASES}
+        feeds[f"a_{STATIC_ROW}"] = rng.standard_normal((1, 1, K)).astype(np.float32)
         want = onnxruntime_outputs(model, feeds)
         got = compiled["main"](*feeds.values())
-        for name, g, w in zip(CASES, got, want):
+        for name, g, w in zip([*CASES, STATIC_ROW], got, want):
             np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-4,
                                        err_msg=f"{name} at {batch}x{seq}")
 
