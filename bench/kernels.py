@@ -54,7 +54,9 @@ printed without AVX-512 VNNI or AVX-VNNI). `--kernels resnet50 --threads 1` comp
 ResNet-50's layers one by one on one thread. `--target` picks kiln's instructions: e.g.
 `--target "llvm -mcpu=znver4 -mattr=-avx512f,-avx512vnni,-avxvnni"` runs kiln's AVX2
 path on a VNNI host (onnxruntime still runs its VNNI kernels there), and
-`-mattr=-avx512vnni,-avxvnni` its AVX-512BW one. `--threads 1` times each runtime on one
+`-mattr=-avx512vnni,-avxvnni` its AVX-512BW one. `--nbits`: the 4-bit GEMVs of a decode
+step (MatMulNBits, one row of A) in GB/s and as a share of the measured memory bandwidth
+(bench/nbits_gemv.py). `--threads 1` times each runtime on one
 thread by its CPU time (also with `--int8`), and the table prints milliseconds per call.
 """
 
@@ -80,6 +82,7 @@ from harness import (
     rel_l2,
     short_error,
 )
+from nbits_gemv import print_nbits
 from onnx import TensorProto, helper, numpy_helper
 from peak import Peak, measure_int8_peak, measure_peak
 
@@ -547,6 +550,10 @@ def main() -> None:
     parser.add_argument("--int8", action="store_true",
                         help="int8 GEMMs and convolutions (QLinearMatMul, QLinearConv) "
                              "against onnxruntime instead")
+    parser.add_argument("--nbits", action="store_true",
+                        help="the 4-bit GEMVs of a decode step (MatMulNBits, M = 1) against "
+                             "onnxruntime, in GB/s and as a share of the measured memory "
+                             "bandwidth (bench/nbits_gemv.py)")
     parser.add_argument("--ort-isa", choices=("target", "host"), default="target",
                         help="target (default): onnxruntime without the CPU features the "
                              "host has and the target lacks (bench/ort_isa.py; with --int8, "
@@ -564,6 +571,11 @@ def main() -> None:
         os.environ["KILN_NUM_THREADS"] = "1"
     target = kiln.target.Target.from_host() if args.target is None else kiln.target.Target(
         args.target)
+    if args.nbits:
+        print(f"target: {target.kind.name} {describe_target(target)}; threads: {args.threads}")
+        os.environ.setdefault("KILN_NUM_THREADS", str(args.threads))
+        print_nbits(target, args.repeat, args.seconds, args.threads)
+        return
     if args.int8:
         threads = os.environ.get("KILN_NUM_THREADS", f"all ({os.cpu_count()})")
         print(f"target: {target.kind.name} {describe_target(target)}")

@@ -21,6 +21,7 @@ import kiln
 from kiln.errors import CallError, FrontendError, PerformanceWarning
 from kiln.frontend import from_onnx
 from support.graphs import GraphBuilder
+from support.nbits import hand_packed, pack_codes
 from support.reference import onnxruntime_outputs
 
 MS = "com.microsoft"
@@ -129,43 +130,6 @@ def _merged(models: list[onnx.ModelProto]) -> onnx.ModelProto:
         b.inputs.extend(m.graph.input)
         b.outputs.extend(m.graph.output)
     return _model(b)
-
-
-def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 bytes of `codes` ([rows, count], count a multiple of 8 // bits), low bits
-    first: MatMulNBits' packing, written independently of the converter's unpacking."""
-    per = 8 // bits
-    rows = codes.reshape(codes.shape[0], -1, per).astype(np.uint16)
-    out = np.zeros(rows.shape[:2], np.uint16)
-    for i in range(per):
-        out |= rows[..., i] << (i * bits)
-    return out.astype(np.uint8)
-
-
-def hand_packed(b: GraphBuilder, name: str, bits: int, k: int, n: int, block: int, *,
-                zp: str = "packed", g_idx: bool = False, bias: bool = False) -> None:
-    """A MatMulNBits node packed here: zero points packed uint8, float, or none (the
-    default 2^(bits-1)); act-order g_idx (a permutation of the K rows' blocks); a bias."""
-    rng = b.rng
-    blocks = -(-k // block)
-    codes = rng.integers(0, 1 << bits, (n, blocks * block))
-    inputs = [b.input(f"a_{name}", ["batch", "seq", k]),
-              b.const(_pack(codes, bits).reshape(n, blocks, block * bits // 8)),
-              b.const(rng.uniform(0.01, 0.1, (n, blocks)).astype(np.float32))]
-    if zp == "packed":
-        zps = rng.integers(0, 1 << bits, (n, blocks + (-blocks) % (8 // bits)))
-        inputs.append(b.const(_pack(zps, bits)))
-    elif zp == "float":
-        inputs.append(b.const(rng.uniform(0, 1 << bits, (n, blocks)).astype(np.float32)))
-    else:
-        inputs.append("")
-    if g_idx:
-        inputs.append(b.const(rng.permutation(np.arange(k) // block).astype(np.int32)))
-    if bias:
-        inputs += [""] * (5 - len(inputs)) + [b.const(rng.normal(0, 1, n).astype(np.float32))]
-    b.node("MatMulNBits", inputs, [f"y_{name}"], domain=MS, K=k, N=n, bits=bits,
-           block_size=block)
-    b.output(f"y_{name}", ["batch", "seq", n])
 
 
 def hand_packed_model() -> onnx.ModelProto:
@@ -471,11 +435,11 @@ def _gbq_model() -> onnx.ModelProto:
     b.input("ids", ["batch", "seq"], TensorProto.INT64)
     for bits, block, zp in ((4, 32, True), (8, 16, False), (2, 32, True), (4, 64, False)):
         blocks = WIDTH // block
-        inputs = [b.const(_pack(rng.integers(0, 1 << bits, (VOCAB, WIDTH)), bits)), "ids",
+        inputs = [b.const(pack_codes(rng.integers(0, 1 << bits, (VOCAB, WIDTH)), bits)), "ids",
                   b.const(rng.uniform(0.01, 0.1, (VOCAB, blocks)).astype(np.float32))]
         if zp:
             width = -(-blocks // (8 // bits)) * (8 // bits)
-            inputs.append(b.const(_pack(rng.integers(0, 1 << bits, (VOCAB, width)), bits)))
+            inputs.append(b.const(pack_codes(rng.integers(0, 1 << bits, (VOCAB, width)), bits)))
         b.node("GatherBlockQuantized", inputs, [f"u{bits}_{block}"], domain=MS, bits=bits,
                block_size=block)
         b.output(f"u{bits}_{block}", typed=False)

@@ -181,6 +181,22 @@ CASES: dict[str, list[OpCase]] = {
     # K 40 zero-padded to the 64 of two pair blocks; 19 columns in 3 panels of 8
     "matmul_packed_bf16": [OpCase((bf16_exact(3, 40), bf16_panels(8, 40, 19)),
                                   {"n": 19, "k": 40}, rtol=1e-5, atol=1e-5)],
+    # 4-bit codes in blocks of 16 along K = 40 (the last block padded), zero points or
+    # the default 8; 8-bit codes in blocks of 32
+    "matmul_nbits": [OpCase((f32(3, 40), ints(5, 3, 8, low=0, high=256, dtype="uint8"),
+                             f32(5, 3, low=0.01, high=0.1), f32(5, 3, low=0, high=15)),
+                            {"k": 40, "n": 5, "bits": 4, "block": 16}, rtol=1e-4, atol=1e-5),
+                     OpCase((f32(2, 1, 33), ints(4, 2, 32, low=0, high=256, dtype="uint8"),
+                             f32(4, 2, low=0.01, high=0.1)),
+                            {"k": 33, "n": 4, "bits": 8, "block": 32}, rtol=1e-4, atol=1e-5)],
+    # the same in panels of 8 columns (N = 5 and 12: one partial panel, one whole and one not)
+    "matmul_nbits_packed": [
+        OpCase((f32(3, 40), ints(1, 3, 8, 8, low=0, high=256, dtype="uint8"),
+                f32(1, 3, 8, low=0.01, high=0.1), f32(1, 3, 8, low=0, high=15)),
+               {"k": 40, "n": 5, "bits": 4, "block": 16}, rtol=1e-4, atol=1e-5),
+        OpCase((f32(2, 33), ints(2, 2, 32, 8, low=0, high=256, dtype="uint8"),
+                f32(2, 2, 8, low=0.01, high=0.1)),
+               {"k": 33, "n": 12, "bits": 8, "block": 32}, rtol=1e-4, atol=1e-5)],
     # one row of A; B stored [N][K] (Gemm's transB) and read in place
     "matmul_gemv": [OpCase((f32(1, 5), f32(7, 5)), {"transpose_b": True}),
                     OpCase((f32(1, 33), f32(19, 33)), {"transpose_b": True})],

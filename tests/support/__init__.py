@@ -34,6 +34,8 @@ Modules (import the one you need; this package imports nothing itself):
 - `support.seeds`: `rng_for(request)`, a numpy generator seeded by the test's node id
   (`seed_for(nodeid)`), so a test's random data do not depend on the tests run before it;
   `reseed(request)` rebinds a module's `RNG` to it (an autouse fixture's body).
+- `support.nbits`: `hand_packed(builder, name, bits, k, n, block, zp=, g_idx=, bias=)`,
+  a MatMulNBits node packed by hand; `pack_codes(codes, bits)`.
 - `support.cuda_nets`, `support.cuda_ptx_kernels`: the GPU tests' models and kernels.
 
 Helpers used by one folder only stay in that folder (pytest puts a test file's folder

@@ -56,6 +56,7 @@ _LAZY: dict[str, str] = {
     "matmul_tiled": "kiln.kernels.gemm.lowering:MATMUL_TILED",
     "matmul_gemv": "kiln.kernels.gemm.lowering:MATMUL_GEMV",
     "cblas_matmul": "kiln.kernels.gemm.cblas:CBLAS_MATMUL",
+    "matmul_nbits_packed": "kiln.kernels.gemm.nbits:MATMUL_NBITS_PACKED",
 
     # conv (kiln.kernels.conv)
     "conv2d_blocked": "kiln.kernels.conv.lowering:BLOCKED",

@@ -23,6 +23,7 @@ from kiln.ops import (  # noqa: F401
     quant_dynamic,
     quant_elementwise,
     quant_mlas_conv,
+    quant_nbits,
     quant_packed,
     quant_pool,
     quant_softmax,

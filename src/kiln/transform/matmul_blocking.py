@@ -10,6 +10,9 @@ A `matmul` with float32 operands becomes
 - `matmul_gemv(a, b)` when B is one constant matrix stored `[N][K]` (Gemm's
   `transB`) and A has one row (a dense layer at batch 1): the kernel reads B in
   place, so the weight stays the importer's array (no packed copy);
+- `matmul_nbits_packed(a, bp, ...)` for a `matmul_nbits` (block-quantized 4-/8-bit
+  weights): its operands repacked into panels of the target's vectors
+  (kiln.kernels.gemm.nbits);
 - `matmul_tiled(a, b)` when both operands have rank >= 2 and B is not one
   constant matrix (attention's batched products): its kernel packs B at run
   time.
@@ -32,6 +35,7 @@ from kiln.ir import graph as g
 from kiln.ir.module import IRModule
 from kiln.kernels.registry import select
 from kiln.kernels.search import pack
+from kiln.ops.quant_nbits import MATMUL_NBITS
 from kiln.target.isa import ISA
 from kiln.transform.functor import SharedPacking, rewrite_calls
 from kiln.transform.kernel_isa import kernel_isa
@@ -56,5 +60,5 @@ class BlockMatmuls(FunctionPass):
 
 
 def _rewrite(call: g.Call, isa: ISA, session: Session | None) -> g.Call | None:
-    family = select(call, isa) if call.op == "matmul" else None
+    family = select(call, isa) if call.op in ("matmul", MATMUL_NBITS) else None
     return pack(family, call, isa, session) if family is not None else None

@@ -5,11 +5,12 @@ model builder, onnxruntime's `MatMulNBitsQuantizer`), as compositions of kiln op
   domain) and com.microsoft `SkipSimplifiedLayerNormalization` and
   `SkipLayerNormalization` (a residual add fused with the norm), with onnxruntime's
   arithmetic order: `(input + skip) + bias`, then `x / sqrt(mean(x^2) + eps) * gamma`;
-- com.microsoft `MatMulNBits` (block-quantized 2/4/8-bit weights): the constant weight is
-  dequantized at import to a float32 [K, N] matrix and the node becomes a float MatMul
-  (+ bias). This is correct, not fast: the weight takes 8x the memory of its int4 form and
-  the product runs on the float GEMM kernels. A GEMV that reads the packed nibbles is
-  later work (issue 61).
+- com.microsoft `MatMulNBits` (block-quantized 2/4/8-bit weights): 4- and 8-bit weights
+  become kiln's `matmul_nbits` (kiln.ops.quant_nbits), which keeps B's packed bytes and
+  unpacks them in its kernel (kiln.kernels.gemm.nbits: a GEMV for one row, the float
+  register tile over K blocks dequantized on the stack for more); 2-bit weights and g_idx
+  (act-order) are dequantized at import to a float32 [K, N] matrix and the node becomes
+  a float MatMul (+ bias), at 8x the memory of the int4 form.
 
 - com.microsoft `RotaryEmbedding` (RoPE from cos/sin caches, half-split or interleaved,
   partial rotation): `x * C + partner(x) * S`, where `partner` permutes the lanes of each
@@ -36,6 +37,7 @@ from kiln.frontend.onnx.converters.registry import GraphContext, need_constant, 
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
+from kiln.ops.quant_nbits import MATMUL_NBITS, NBITS_WIDTHS
 from kiln.ops.reduce import norm_axes
 
 MS = "com.microsoft."
@@ -267,19 +269,50 @@ def float32_input(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     return a, at
 
 
+def _packed_nbits(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                  attrs: dict[str, Any]) -> list[g.Expr] | None:
+    """The constant operands of kiln's `matmul_nbits` (kiln.ops.quant_nbits: B as given,
+    scales and zero points as float32 [N, k_blocks]), or None where only the float path
+    takes the node: 2-bit codes, or g_idx (act-order: K's rows out of block order)."""
+    k, n, bits, block = _nbits_attrs(attrs)
+    if bits not in NBITS_WIDTHS or block > 256 or (len(inputs) > 4 and inputs[4] is not None):
+        return None
+    blocks, blob = -(-k // block), block * bits // 8
+    b = need_constant(ctx, inputs[1], "MatMulNBits B (the packed weight)")
+    if b.dtype != np.uint8 or b.size != n * blocks * blob:
+        raise IRError(f"MatMulNBits B of type {b.dtype} and shape {list(b.shape)}: expected "
+                      f"uint8 [{n}, {blocks}, {blob}] (N, k_blocks, blob_size)")
+    assert inputs[2] is not None
+    scales = _block_params(ctx, inputs[2], n, blocks, "scales").astype(np.float32)
+    operands = [ctx.const(np.ascontiguousarray(b.reshape(n, blocks, blob))), ctx.const(scales)]
+    zp = inputs[3] if len(inputs) > 3 else None
+    if zp is not None:
+        operands.append(ctx.const(_zero_points(ctx, zp, n, blocks, bits)))
+    return operands
+
+
 @onnx_op(MS + "MatMulNBits")
 def _matmul_nbits(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                   attrs: dict[str, Any]) -> list[g.Expr]:
-    """`A @ dequantize(B) (+ bias)` on the float GEMM: the weight is dequantized at import
-    (`dequantize_nbits`), so `accuracy_level` (how far onnxruntime may quantize A) does not
-    apply: kiln computes in the weight's float32."""
+    """`A @ dequantize(B) (+ bias)`: 4- and 8-bit weights in blocks along K become kiln's
+    `matmul_nbits`, which keeps them packed (kiln.kernels.gemm.nbits unpacks them in the
+    kernel); 2-bit weights and g_idx (act-order) are dequantized at import
+    (`dequantize_nbits`) onto the float GEMM. kiln computes in float32 either way, so
+    `accuracy_level` (how far onnxruntime may quantize A) does not apply."""
     a, at = float32_input(ctx, inputs, "MatMulNBits input A")
-    weight = dequantize_nbits(ctx, inputs, attrs)
+    packed = _packed_nbits(ctx, inputs, attrs)  # B checked first, then A against it
+    weight = None if packed is not None else dequantize_nbits(ctx, inputs, attrs)
+    k = int(attrs["K"])
     last = at.shape[-1] if at.ndim else None
-    if at.ndim < 2 or (isinstance(last, int) and last != weight.shape[0]):
+    if at.ndim < 2 or (isinstance(last, int) and last != k):
         raise IRError(f"MatMulNBits input A of shape {list(at.shape)}: it must have rank 2 "
-                      f"or more and a last dimension K = {weight.shape[0]}")
-    y = ctx.call("matmul", a, ctx.const(weight))
+                      f"or more and a last dimension K = {k}")
+    if packed is not None:
+        y = ctx.call(MATMUL_NBITS, a, *packed, k=k, n=int(attrs["N"]),
+                     bits=int(attrs.get("bits", 4)), block=int(attrs["block_size"]))
+    else:
+        assert weight is not None
+        y = ctx.call("matmul", a, ctx.const(weight))
     bias = inputs[5] if len(inputs) > 5 else None
     return [y if bias is None else ctx.call("add", y, bias)]
 
