@@ -1,0 +1,189 @@
+"""Where a constant came from: its replay program over the model's named weights.
+
+`Module.swap_weights` (docs/runtime.md, "Swapping weights") installs new weights into a
+compiled library without the compiler, so the library must say, for every constant it
+holds, how to rebuild it from the model's named weights (the ONNX initializers). The
+passes that make a constant out of others (folding a transpose, packing a GEMM's B into
+register-tile panels) record here what they did, as a small program of exact steps over
+the initializers; the constant pool writes those programs into the library
+(docs/format.md, "The replay record") and the runtime runs them with numpy.
+
+The record is kept beside the arrays, not in the IR: an array is keyed by identity (a
+weak reference guards against a reused id), since `Constant` and `AllocConst` hold the
+very array the pool stores. An array with no record is *unknown*, and a library holding
+one refuses to swap (never a silent wrong answer); a constant that depends on no weight
+(a literal the compiler made) is recorded as `LITERAL`.
+
+The steps (the runtime's evaluator, kiln.runtime.swap, implements the same names):
+`transpose` (`perm`), `reshape` (`shape`), `astype` (`dtype`: a numpy dtype name) and
+`pad` (`widths`: zeros before and after, per axis). Each is an index map or an exact
+conversion, so a replay is bit-identical to the compile's numpy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+STEPS = ("transpose", "reshape", "astype", "pad")
+# The module attribute where the ONNX importer lists the model's named weights
+# (`table_row` each), for the replay record.
+ATTR_WEIGHTS = "kiln.weights"
+# A named weight the library does not rebuild is checked against its SHA-256 when a swap
+# gives it: recorded up to this size (larger ones the compile dropped are unused).
+HASHED_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A named weight of the model (an ONNX initializer) as the importer read it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One exact step (`STEPS`) applied to `source`, with its parameters."""
+
+    op: str
+    source: Origin
+    params: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Literal:
+    """A constant that depends on no weight: kept as compiled."""
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A constant made from weights by a transform that cannot be replayed (`why`)."""
+
+    why: str
+
+
+Origin = Weight | Step | Literal | Opaque
+LITERAL = Literal()
+
+_TABLE: dict[int, tuple[weakref.ref[np.ndarray], Origin]] = {}
+_LOCK = threading.Lock()
+
+
+def _forget(key: int) -> Any:
+    def drop(_ref: object) -> None:
+        with _LOCK:
+            entry = _TABLE.get(key)
+            if entry is not None and entry[0]() is None:
+                del _TABLE[key]
+    return drop
+
+
+def record(data: np.ndarray, origin: Origin) -> np.ndarray:
+    """Note that the array `data` (the one a Constant holds) is `origin`; returns `data`.
+
+    A literal never replaces a known origin: a converter that wraps a weight's own
+    array as a new constant keeps the weight's."""
+    key = id(data)
+    with _LOCK:
+        old = _TABLE.get(key)
+        if isinstance(origin, Literal) and old is not None and old[0]() is data:
+            return data
+        _TABLE[key] = (weakref.ref(data, _forget(key)), origin)
+    return data
+
+
+def origin_of(data: object) -> Origin | None:
+    """The recorded origin of this very array object, or None (unknown)."""
+    with _LOCK:
+        entry = _TABLE.get(id(data))
+    if entry is None or entry[0]() is not data:
+        return None
+    return entry[1]
+
+
+def weight(name: str, data: np.ndarray) -> Weight:
+    """The origin of initializer `name` read as `data`."""
+    return Weight(name, data.dtype.name, tuple(int(d) for d in data.shape))
+
+
+def step(op: str, source: Origin, **params: Any) -> Origin:
+    """`op` applied to `source`: literal in, literal out; opaque in, opaque out."""
+    if op not in STEPS:
+        raise ValueError(f"unknown replay step {op!r}; known: {', '.join(STEPS)}")
+    if isinstance(source, (Literal, Opaque)):
+        return source
+    return Step(op, source, tuple(sorted(params.items())))
+
+
+def pack_panels(source: Origin, shape: Sequence[int], nr: int) -> Origin:
+    """`kiln.ops.gemm.pack_b` as steps: B `[K, N]` -> `[ceil(N / nr)][K][nr]`, zero padded."""
+    k, n = (int(d) for d in shape)
+    panels = -(-n // nr)
+    padded = step("pad", source, widths=((0, 0), (0, panels * nr - n)))
+    blocks = step("reshape", padded, shape=(k, panels, nr))
+    return step("transpose", blocks, perm=(1, 0, 2))
+
+
+def combine(sources: Sequence[Origin | None], why: str) -> Origin | None:
+    """The origin of a value computed from `sources` by a step that has no replay: LITERAL
+    when every source is one, None when any is unknown, else Opaque(`why`)."""
+    if any(s is None for s in sources):
+        return None
+    if all(isinstance(s, Literal) for s in sources):
+        return LITERAL
+    return Opaque(why)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def to_json(origin: Origin | None) -> dict[str, Any]:
+    """The replay record of one constant (docs/format.md, "The replay record")."""
+    if origin is None:
+        return {"unknown": "made by a transform that records no replay"}
+    if isinstance(origin, Literal):
+        return {"literal": True}
+    if isinstance(origin, Opaque):
+        return {"unknown": origin.why}
+    if isinstance(origin, Weight):
+        return {"weight": origin.name}
+    out: dict[str, Any] = {"op": origin.op, "x": to_json(origin.source)}
+    out.update({k: _jsonable(v) for k, v in origin.params})
+    return out
+
+
+def table_row(name: str, data: np.ndarray, baked: bool) -> tuple[Any, ...]:
+    """One named weight for `ATTR_WEIGHTS`: (name, dtype, shape, baked, sha256 or None).
+
+    `baked`: the import read its value into the graph's structure (an axis, a shape), so
+    a swap must give it unchanged."""
+    digest = None
+    if data.nbytes <= HASHED_BYTES or baked:
+        digest = hashlib.sha256(np.ascontiguousarray(data).tobytes()).hexdigest()
+    return (name, data.dtype.name, tuple(int(d) for d in data.shape), baked, digest)
+
+
+def leaves(origin: Origin | None) -> list[Weight]:
+    """The weights `origin` reads."""
+    out: list[Weight] = []
+    while isinstance(origin, Step):
+        origin = origin.source
+    if isinstance(origin, Weight):
+        out.append(origin)
+    return out
+
+
+__all__ = ["ATTR_WEIGHTS", "HASHED_BYTES", "LITERAL", "STEPS", "Literal", "Opaque", "Origin",
+           "Step", "Weight", "combine", "leaves", "origin_of", "pack_panels", "record", "step",
+           "table_row", "to_json", "weight"]
