@@ -15,9 +15,15 @@ one refuses to swap (never a silent wrong answer); a constant that depends on no
 (a literal the compiler made) is recorded as `LITERAL`.
 
 The steps (the runtime's evaluator, kiln.runtime.swap, implements the same names):
-`transpose` (`perm`), `reshape` (`shape`), `astype` (`dtype`: a numpy dtype name) and
-`pad` (`widths`: zeros before and after, per axis). Each is an index map or an exact
-conversion, so a replay is bit-identical to the compile's numpy.
+`transpose` (`perm`), `reshape` (`shape`), `astype` (`dtype`: a numpy dtype name),
+`pad` (`widths`: zeros before and after, per axis), `broadcast_to` (`shape`) and
+`slice` (`stops`: the first so many along each axis): index maps or exact conversions.
+`Apply` is numpy arithmetic (`APPLY_FUNCTIONS`) on several operands, as the operators'
+numpy references compute it (16-bit floats widened to float32, the result cast to
+`dtype`), e.g. batch-norm statistics folded into a scale and a shift, or a Winograd
+filter transform; its literal operands travel as values (`Value`, `Full`). The same
+numpy on the same operands gives the same bits; a product (`dot`) may sum in another
+order on another host's BLAS, within float rounding.
 """
 
 from __future__ import annotations
@@ -31,7 +37,12 @@ from typing import Any
 
 import numpy as np
 
-STEPS = ("transpose", "reshape", "astype", "pad")
+STEPS = ("transpose", "reshape", "astype", "pad", "broadcast_to", "slice")
+# The numpy functions `Apply` may name.
+APPLY_FUNCTIONS = ("add", "subtract", "multiply", "divide", "sqrt", "dot")
+# A literal operand of `Apply` larger than this many elements is not written out: the
+# constant it makes is opaque.
+VALUE_LIMIT = 1 << 16
 # The module attribute where the ONNX importer lists the model's named weights
 # (`table_row` each), for the replay record.
 ATTR_WEIGHTS = "kiln.weights"
@@ -59,6 +70,33 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Apply:
+    """numpy's `fn` (`APPLY_FUNCTIONS`) on `args`, the result cast to `dtype`."""
+
+    fn: str
+    args: tuple[Origin, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Value:
+    """A literal operand written out: its values (C order), dtype and shape."""
+
+    values: tuple[Any, ...]
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Full:
+    """A literal operand of one value everywhere."""
+
+    fill: float
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Literal:
     """A constant that depends on no weight: kept as compiled."""
 
@@ -70,7 +108,7 @@ class Opaque:
     why: str
 
 
-Origin = Weight | Step | Literal | Opaque
+Origin = Weight | Step | Apply | Value | Full | Literal | Opaque
 LITERAL = Literal()
 
 _TABLE: dict[int, tuple[weakref.ref[np.ndarray], Origin]] = {}
@@ -86,11 +124,15 @@ def _forget(key: int) -> Any:
     return drop
 
 
-def record(data: np.ndarray, origin: Origin) -> np.ndarray:
+def record(data: np.ndarray, origin: Origin | None) -> np.ndarray:
     """Note that the array `data` (the one a Constant holds) is `origin`; returns `data`.
 
     A literal never replaces a known origin: a converter that wraps a weight's own
-    array as a new constant keeps the weight's."""
+    array as a new constant keeps the weight's. None (unknown) records nothing."""
+    if origin is None:
+        return data
+    if not isinstance(origin, Opaque) and not leaves(origin):
+        origin = LITERAL  # depends on no weight: kept as compiled
     key = id(data)
     with _LOCK:
         old = _TABLE.get(key)
@@ -114,21 +156,58 @@ def weight(name: str, data: np.ndarray) -> Weight:
     return Weight(name, data.dtype.name, tuple(int(d) for d in data.shape))
 
 
-def step(op: str, source: Origin, **params: Any) -> Origin:
-    """`op` applied to `source`: literal in, literal out; opaque in, opaque out."""
+def step(op: str, source: Origin | None, **params: Any) -> Origin | None:
+    """`op` applied to `source`: literal, opaque or unknown (None) in, the same out."""
     if op not in STEPS:
         raise ValueError(f"unknown replay step {op!r}; known: {', '.join(STEPS)}")
-    if isinstance(source, (Literal, Opaque)):
+    if source is None or isinstance(source, (Literal, Opaque)):
         return source
     return Step(op, source, tuple(sorted(params.items())))
 
 
-def pack_panels(source: Origin, shape: Sequence[int], nr: int) -> Origin:
+def operand(data: np.ndarray) -> Origin | None:
+    """The origin of `data` as an operand of `Apply`: its record, a literal's values
+    written out (`Value`; opaque above `VALUE_LIMIT` elements), None if unknown."""
+    origin = origin_of(data)
+    if not isinstance(origin, Literal):
+        return origin
+    if data.size > VALUE_LIMIT:
+        return Opaque(f"a literal of {data.size} elements combined with weights")
+    return value(data)
+
+
+def value(data: Any) -> Value:
+    """`data` written out as a literal operand."""
+    arr = np.asarray(data)
+    return Value(tuple(arr.reshape(-1).tolist()), arr.dtype.name,
+                 tuple(int(d) for d in arr.shape))
+
+
+def apply(fn: str, sources: Sequence[Origin | None], dtype: Any) -> Origin | None:
+    """numpy's `fn` on `sources`, cast to `dtype`: None if any is unknown, the first
+    opaque one if any is opaque."""
+    if fn not in APPLY_FUNCTIONS:
+        raise ValueError(f"unknown replay function {fn!r}; known: {', '.join(APPLY_FUNCTIONS)}")
+    for s in sources:
+        if s is None or isinstance(s, Opaque):
+            return s
+    assert not any(isinstance(s, Literal) for s in sources), "operands must be operand()s"
+    return Apply(fn, tuple(s for s in sources if s is not None), np.dtype(dtype).name)
+
+
+def padded(source: Origin | None, shape: Sequence[int], axis: int, size: int
+           ) -> Origin | None:
+    """`source` (of `shape`) zero-padded at the end of `axis` to `size`."""
+    widths = [(0, 0)] * len(shape)
+    widths[axis] = (0, size - int(shape[axis]))
+    return step("pad", source, widths=tuple(widths))
+
+
+def pack_panels(source: Origin | None, shape: Sequence[int], nr: int) -> Origin | None:
     """`kiln.ops.gemm.pack_b` as steps: B `[K, N]` -> `[ceil(N / nr)][K][nr]`, zero padded."""
     k, n = (int(d) for d in shape)
     panels = -(-n // nr)
-    padded = step("pad", source, widths=((0, 0), (0, panels * nr - n)))
-    blocks = step("reshape", padded, shape=(k, panels, nr))
+    blocks = step("reshape", padded(source, (k, n), 1, panels * nr), shape=(k, panels, nr))
     return step("transpose", blocks, perm=(1, 0, 2))
 
 
@@ -158,6 +237,13 @@ def to_json(origin: Origin | None) -> dict[str, Any]:
         return {"unknown": origin.why}
     if isinstance(origin, Weight):
         return {"weight": origin.name}
+    if isinstance(origin, Value):
+        return {"value": list(origin.values), "dtype": origin.dtype, "shape": list(origin.shape)}
+    if isinstance(origin, Full):
+        return {"full": origin.fill, "dtype": origin.dtype, "shape": list(origin.shape)}
+    if isinstance(origin, Apply):
+        return {"op": "apply", "fn": origin.fn, "dtype": origin.dtype,
+                "args": [to_json(a) for a in origin.args]}
     out: dict[str, Any] = {"op": origin.op, "x": to_json(origin.source)}
     out.update({k: _jsonable(v) for k, v in origin.params})
     return out
@@ -177,13 +263,19 @@ def table_row(name: str, data: np.ndarray, baked: bool) -> tuple[Any, ...]:
 def leaves(origin: Origin | None) -> list[Weight]:
     """The weights `origin` reads."""
     out: list[Weight] = []
-    while isinstance(origin, Step):
-        origin = origin.source
-    if isinstance(origin, Weight):
-        out.append(origin)
+    todo = [origin]
+    while todo:
+        o = todo.pop()
+        if isinstance(o, Step):
+            todo.append(o.source)
+        elif isinstance(o, Apply):
+            todo.extend(o.args)
+        elif isinstance(o, Weight):
+            out.append(o)
     return out
 
 
-__all__ = ["ATTR_WEIGHTS", "HASHED_BYTES", "LITERAL", "STEPS", "Literal", "Opaque", "Origin",
-           "Step", "Weight", "combine", "leaves", "origin_of", "pack_panels", "record", "step",
-           "table_row", "to_json", "weight"]
+__all__ = ["APPLY_FUNCTIONS", "ATTR_WEIGHTS", "HASHED_BYTES", "LITERAL", "STEPS",
+           "VALUE_LIMIT", "Apply", "Full", "Literal", "Opaque", "Origin", "Step", "Value",
+           "Weight", "apply", "combine", "leaves", "operand", "origin_of", "pack_panels", "padded",
+           "record", "step", "table_row", "to_json", "value", "weight"]

@@ -127,11 +127,36 @@ def check_source(record: Mapping[str, Any], named: Mapping[str, np.ndarray]) -> 
     return problems
 
 
+# The numpy functions a replay may apply (kiln.ir.weight_origin.APPLY_FUNCTIONS).
+APPLY_FUNCTIONS: dict[str, Any] = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
+                   "divide": np.divide, "sqrt": np.sqrt, "dot": np.dot}
+
+
+def _widen(a: np.ndarray) -> np.ndarray:
+    """16-bit floats as float32, as the operators' numpy references compute them."""
+    return a.astype(np.float32) if a.dtype.kind == "f" and a.dtype.itemsize < 4 else a
+
+
+def _apply(node: Mapping[str, Any], named: Mapping[str, np.ndarray]) -> np.ndarray:
+    fn = APPLY_FUNCTIONS.get(str(node.get("fn")))
+    if fn is None:
+        raise FormatError(f"replay record: unknown function {node.get('fn')!r}")
+    args = [_widen(np.asarray(_evaluate(a, named))) for a in node["args"]]
+    with np.errstate(all="ignore"):
+        return np.asarray(fn(*args)).astype(np.dtype(str(node["dtype"])))
+
+
 def _evaluate(node: Mapping[str, Any], named: Mapping[str, np.ndarray]) -> np.ndarray:
     if "weight" in node:
         return named[node["weight"]]
-    x = _evaluate(node["x"], named)
+    if "value" in node:
+        return np.array(node["value"], np.dtype(str(node["dtype"]))).reshape(node["shape"])
+    if "full" in node:
+        return np.full(node["shape"], node["full"], np.dtype(str(node["dtype"])))
     op = node.get("op")
+    if op == "apply":
+        return _apply(node, named)
+    x = _evaluate(node["x"], named)
     if op == "transpose":
         return np.transpose(x, [int(a) for a in node["perm"]])
     if op == "reshape":
@@ -140,6 +165,10 @@ def _evaluate(node: Mapping[str, Any], named: Mapping[str, np.ndarray]) -> np.nd
         return x.astype(np.dtype(str(node["dtype"])))
     if op == "pad":
         return np.pad(x, [(int(a), int(b)) for a, b in node["widths"]])
+    if op == "broadcast_to":
+        return np.broadcast_to(x, [int(d) for d in node["shape"]])
+    if op == "slice":
+        return x[tuple(slice(0, int(s)) for s in node["stops"])]
     raise FormatError(f"replay record: unknown step {op!r}")
 
 
@@ -150,7 +179,7 @@ def rebuild(record: Mapping[str, Any], named: Mapping[str, np.ndarray]
     for c in record.get("constants", []):
         if "literal" in c:
             continue
-        value = np.ascontiguousarray(_evaluate(c, named))
+        value = np.asarray(_evaluate(c, named), order="C")  # (ascontiguousarray: 0-d -> 1-d)
         if value.dtype.name != c["dtype"] or list(value.shape) != list(c["shape"]):
             raise FormatError(f"replay record: the constant at byte {c['offset']} rebuilds "
                               f"as {value.dtype.name}{list(value.shape)}, expected "

@@ -4,9 +4,10 @@ did to the weights, as the exact steps `Module.swap_weights` replays.
 Constant folding (here, in `fold-constants`, and while importing ONNX) evaluates an
 operator on constants. When the operator only moves or exactly converts the values of
 one weight (reshape, copy, transpose, a float-to-float cast) the folded constant is that
-weight through a replay step; when every input is a literal the result is a literal;
-anything else computed from weights (arithmetic) is opaque, and a library holding it
-refuses to swap, naming it.
+weight through a replay step; float arithmetic (`ARITHMETIC`: a batch norm's statistics
+folded into a scale and a shift) is an `Apply` of the numpy its reference runs; when
+every input is a literal the result is a literal; anything else computed from weights is
+opaque, and a library holding it refuses to swap, naming it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from kiln.ir import weight_origin as wo
 # Operators whose value is their first input's elements in the same order.
 _SAME_ORDER = frozenset({"reshape", "copy"})
 _FLOATS = frozenset({"float16", "float32", "float64"})
+# Float operators whose numpy reference is numpy's function of the same name on the
+# operands (16-bit floats widened), cast to the result's dtype (kiln.ops.elementwise).
+ARITHMETIC = frozenset({"add", "subtract", "multiply", "divide", "sqrt"})
 
 
 def _perm(attrs: Mapping[str, Any], ndim: int) -> tuple[int, ...]:
@@ -35,6 +39,9 @@ def folded_origin(op: str, attrs: Mapping[str, Any], args: Sequence[np.ndarray],
     sources = [wo.origin_of(a) for a in args]
     if all(isinstance(s, wo.Literal) for s in sources):
         return wo.LITERAL
+    if op in ARITHMETIC and isinstance(result, np.ndarray) and \
+            all(a.dtype.name in _FLOATS for a in (*args, result)):
+        return wo.apply(op, [wo.operand(a) for a in args], result.dtype)
     if not isinstance(result, np.ndarray) or not args or \
             any(not isinstance(s, wo.Literal) for s in sources[1:]):
         return wo.combine(sources, f"folded {op}")
@@ -76,4 +83,4 @@ def derived(const: g.Constant, origin: wo.Origin | None) -> g.Constant:
     return const
 
 
-__all__ = ["derived", "fold_call", "folded_origin"]
+__all__ = ["ARITHMETIC", "derived", "fold_call", "folded_origin"]
