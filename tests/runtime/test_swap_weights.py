@@ -19,6 +19,7 @@ import pytest
 from onnx import numpy_helper
 
 import kiln
+from kiln.cli.inspect import cmd_inspect
 from kiln.errors import ArgumentTypeError, UsageError
 from kiln.runtime import load_module
 from kiln.runtime.onnx_weights import read_onnx_weights
@@ -84,6 +85,12 @@ def test_the_new_weights_compute_what_a_fresh_compile_does(built):
             assert lib["main"](X).tobytes() == built["old"].tobytes(), mode
         with load_module(built[mode]) as again:  # the file is not changed
             assert again["main"](X).tobytes() == built["old"].tobytes()
+
+
+def test_inspect_lists_the_transforms_the_library_replays(built):
+    for mode in ("embedded", "external"):
+        assert ("transforms replayable: pad, reshape, transpose (Module.swap_weights "
+                "rebuilds every constant)") in cmd_inspect(str(built[mode]), None, None)
 
 
 def test_weights_from_onnx_and_npz_files(built, tmp_path):
@@ -153,6 +160,8 @@ def test_a_constant_without_a_replay_is_named_and_refused(tmp_path):
     path = kiln.compile(m, "llvm").export_library(tmp_path / "mul.so")
     with load_module(path) as lib, pytest.raises(UsageError, match=r"folded exp"):
         lib.swap_weights(weights(m))
+    assert "transforms replayable: none (1 constant(s) made by transforms without a replay" \
+        in cmd_inspect(str(path), None, None)
 
 
 def test_calls_in_flight_see_the_old_or_the_new_weights(built):
