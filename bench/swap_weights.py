@@ -85,8 +85,9 @@ def fine_tuned(model: onnx.ModelProto, seed: int) -> tuple[onnx.ModelProto, dict
 
 
 def measure(name: str, target: str, work: Path) -> dict[str, object]:
-    import kiln
     from zoo import ZOO
+
+    import kiln
 
     entry = ZOO[name]
     model = entry.build(**entry.full)
