@@ -85,9 +85,9 @@ def fine_tuned(model: onnx.ModelProto, seed: int) -> tuple[onnx.ModelProto, dict
 
 
 def measure(name: str, target: str, work: Path) -> dict[str, object]:
-    from zoo import ZOO
+    from zoo import ZOO  # lazy: found through the sys.path entries set above
 
-    import kiln
+    import kiln  # heavy: the compiler, imported once the model is chosen
 
     entry = ZOO[name]
     model = entry.build(**entry.full)
@@ -107,7 +107,8 @@ def measure(name: str, target: str, work: Path) -> dict[str, object]:
     t = time.perf_counter()
     fresh = kiln.compile(tuned, target).export_library(work / "fresh.so")
     compile_s = time.perf_counter() - t
-    from kiln.runtime import load_module
+    from kiln.runtime import load_module  # heavy: with the compiler above
+
     with load_module(fresh) as lib:
         want = lib["main"](*feeds.values())
     want = want[0] if isinstance(want, tuple) else want
