@@ -1,6 +1,7 @@
 """Swapping weights into a shipped library vs compiling the new weights.
 
     .venv/bin/python bench/swap_weights.py [--models resnet50,bert] [--target llvm]
+                                           [--size full|test]
 
 For each model of tests/models/zoo.py (ResNet-50 at 224x224, BERT-base at sequence
 128) and a "fine-tuned" copy of it (every float weight scaled by 1 + 0.01 N(0, 1),
@@ -84,13 +85,13 @@ def fine_tuned(model: onnx.ModelProto, seed: int) -> tuple[onnx.ModelProto, dict
     return out, new
 
 
-def measure(name: str, target: str, work: Path) -> dict[str, object]:
+def measure(name: str, target: str, work: Path, size: str) -> dict[str, object]:
     from zoo import ZOO  # lazy: found through the sys.path entries set above
 
     import kiln  # heavy: the compiler, imported once the model is chosen
 
     entry = ZOO[name]
-    model = entry.build(**entry.full)
+    model = entry.build(**(entry.full if size == "full" else entry.test))
     tuned, weights = fine_tuned(model, 1)
     rng = np.random.default_rng(0)
     feeds = {}
@@ -115,7 +116,9 @@ def measure(name: str, target: str, work: Path) -> dict[str, object]:
     proc = subprocess.run([sys.executable, "-c", CHILD, str(work / "model.so"),
                            str(work / "tuned.onnx"), str(work / "tuned.npz"),
                            str(work / "feeds.npz"), str(work / "out.npy")],
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: the deploy-host process failed:\n{proc.stderr[-3000:]}")
     times = json.loads(proc.stdout.strip().splitlines()[-1])
     got = np.load(work / "out.npy")
     err = float(np.linalg.norm(got - want) / max(float(np.linalg.norm(want)), 1e-30))
@@ -128,12 +131,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet50,bert")
     parser.add_argument("--target", default="llvm")
+    parser.add_argument("--size", choices=("full", "test"), default="full",
+                        help="the published input size, or the tests' smaller one")
     args = parser.parse_args()
     rows = []
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             os.environ["KILN_CACHE_DIR"] = str(Path(tmp) / "cache")
-            rows.append(measure(name, args.target, Path(tmp)))
+            rows.append(measure(name, args.target, Path(tmp), args.size))
     print(f"{'model':10} {'weights MB':>10} {'compile s':>10} {'onnx s':>8} {'npz s':>8} "
           f"{'ratio':>7}  equal")
     for r in rows:

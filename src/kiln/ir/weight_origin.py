@@ -17,7 +17,8 @@ one refuses to swap (never a silent wrong answer); a constant that depends on no
 The steps (the runtime's evaluator, kiln.runtime.swap, implements the same names):
 `transpose` (`perm`), `reshape` (`shape`), `astype` (`dtype`: a numpy dtype name),
 `pad` (`widths`: zeros before and after, per axis), `broadcast_to` (`shape`) and
-`slice` (`stops`: the first so many along each axis): index maps or exact conversions.
+`slice` (`bounds`: numpy's start, stop and step per axis): index maps or exact
+conversions.
 `Apply` is numpy arithmetic (`APPLY_FUNCTIONS`) on several operands, as the operators'
 numpy references compute it (16-bit floats widened to float32, the result cast to
 `dtype`), e.g. batch-norm statistics folded into a scale and a shift, or a Winograd
@@ -39,7 +40,7 @@ import numpy as np
 
 STEPS = ("transpose", "reshape", "astype", "pad", "broadcast_to", "slice")
 # The numpy functions `Apply` may name.
-APPLY_FUNCTIONS = ("add", "subtract", "multiply", "divide", "sqrt", "dot")
+APPLY_FUNCTIONS = ("add", "subtract", "multiply", "divide", "sqrt", "dot", "take")
 # A literal operand of `Apply` larger than this many elements is not written out: the
 # constant it makes is opaque.
 VALUE_LIMIT = 1 << 16
@@ -76,6 +77,7 @@ class Apply:
     fn: str
     args: tuple[Origin, ...]
     dtype: str
+    params: tuple[tuple[str, Any], ...] = ()  # keyword arguments (take: axis)
 
 
 @dataclass(frozen=True)
@@ -183,16 +185,18 @@ def value(data: Any) -> Value:
                  tuple(int(d) for d in arr.shape))
 
 
-def apply(fn: str, sources: Sequence[Origin | None], dtype: Any) -> Origin | None:
-    """numpy's `fn` on `sources`, cast to `dtype`: None if any is unknown, the first
-    opaque one if any is opaque."""
+def apply(fn: str, sources: Sequence[Origin | None], dtype: Any, **params: Any
+          ) -> Origin | None:
+    """numpy's `fn` on `sources` (and keywords `params`), cast to `dtype`: None if any is
+    unknown, the first opaque one if any is opaque."""
     if fn not in APPLY_FUNCTIONS:
         raise ValueError(f"unknown replay function {fn!r}; known: {', '.join(APPLY_FUNCTIONS)}")
     for s in sources:
         if s is None or isinstance(s, Opaque):
             return s
     assert not any(isinstance(s, Literal) for s in sources), "operands must be operand()s"
-    return Apply(fn, tuple(s for s in sources if s is not None), np.dtype(dtype).name)
+    return Apply(fn, tuple(s for s in sources if s is not None), np.dtype(dtype).name,
+                 tuple(sorted(params.items())))
 
 
 def padded(source: Origin | None, shape: Sequence[int], axis: int, size: int
@@ -201,6 +205,11 @@ def padded(source: Origin | None, shape: Sequence[int], axis: int, size: int
     widths = [(0, 0)] * len(shape)
     widths[axis] = (0, size - int(shape[axis]))
     return step("pad", source, widths=tuple(widths))
+
+
+def first(source: Origin | None, counts: Sequence[int]) -> Origin | None:
+    """The first `counts[k]` elements of `source` along each axis k."""
+    return step("slice", source, bounds=tuple((0, int(n), 1) for n in counts))
 
 
 def pack_panels(source: Origin | None, shape: Sequence[int], nr: int) -> Origin | None:
@@ -243,7 +252,8 @@ def to_json(origin: Origin | None) -> dict[str, Any]:
         return {"full": origin.fill, "dtype": origin.dtype, "shape": list(origin.shape)}
     if isinstance(origin, Apply):
         return {"op": "apply", "fn": origin.fn, "dtype": origin.dtype,
-                "args": [to_json(a) for a in origin.args]}
+                "args": [to_json(a) for a in origin.args],
+                **{k: _jsonable(v) for k, v in origin.params}}
     out: dict[str, Any] = {"op": origin.op, "x": to_json(origin.source)}
     out.update({k: _jsonable(v) for k, v in origin.params})
     return out
@@ -277,5 +287,6 @@ def leaves(origin: Origin | None) -> list[Weight]:
 
 __all__ = ["APPLY_FUNCTIONS", "ATTR_WEIGHTS", "HASHED_BYTES", "LITERAL", "STEPS",
            "VALUE_LIMIT", "Apply", "Full", "Literal", "Opaque", "Origin", "Step", "Value",
-           "Weight", "apply", "combine", "leaves", "operand", "origin_of", "pack_panels", "padded",
+           "Weight", "apply", "combine", "first", "leaves", "operand", "origin_of",
+           "pack_panels", "padded",
            "record", "step", "table_row", "to_json", "value", "weight"]

@@ -74,7 +74,7 @@ def unpack_blocked_origin(source: wo.Origin | None, shape: Sequence[int], c_out:
     groups, blocks, ci, kh, kw, cb = (int(d) for d in shape)
     moved = wo.step("transpose", source, perm=(0, 1, 5, 2, 3, 4))
     grouped = wo.step("reshape", moved, shape=(groups, blocks * cb, ci, kh, kw))
-    cut = wo.step("slice", grouped, stops=(groups, c_out // groups, ci, kh, kw))
+    cut = wo.first(grouped, (groups, c_out // groups, ci, kh, kw))
     return wo.step("reshape", cut, shape=(c_out, ci, kh, kw))
 
 
@@ -215,7 +215,7 @@ def unpack_rows_origin(source: wo.Origin | None, shape: Sequence[int], c_out: in
     blocks, ci, kh, kw, rows = (int(d) for d in shape)
     moved = wo.step("transpose", source, perm=(0, 4, 1, 2, 3))
     merged = wo.step("reshape", moved, shape=(blocks * rows, ci, kh, kw))
-    return wo.step("slice", merged, stops=(c_out, ci, kh, kw))
+    return wo.first(merged, (c_out, ci, kh, kw))
 
 
 def _rows_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:

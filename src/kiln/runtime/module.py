@@ -273,6 +273,7 @@ class LibraryModule(Module):
         self._cleanup: Any = None
         self._handle: int | None = None
         self._guard = CallGuard(f"the library {str(self.path)!r}")
+        self._swap_lock = threading.Lock()  # one swap_weights at a time; close() waits
         lib = _dlopen(self.path)
         # The private directory goes when the module does, or at interpreter exit
         # at the latest (a finalizer runs even when the module sits in a cycle).
@@ -289,7 +290,6 @@ class LibraryModule(Module):
         self.pool: threads.PoolControls | None = None
         # The shared mapping of an external weights file (kiln.runtime.external_weights).
         self.weights: Any = None
-        self._swap_lock = threading.Lock()  # one swap_weights at a time
         try:
             metadata_fn = ctypes_abi.bind(lib, f"{prefix}_metadata", "metadata")
         except AttributeError:
@@ -396,7 +396,8 @@ class LibraryModule(Module):
 
         Functions of a closed library raise CallError.
         """
-        self._guard.close()
+        with self._swap_lock:  # not while swap_weights writes into its constants
+            self._guard.close()
         super().close()
         self._release(_dlclose)
         self.weights = None  # the shared weights mapping may go with the last library

@@ -14,10 +14,11 @@ or `unknown` (made by a transform that records no replay: the library cannot swa
    compile time, such as a Reshape's shape) absent or unchanged (their SHA-256), no
    name the model does not have; a `UsageError` names every problem and nothing changes;
 3. rebuilds every constant with numpy (bit-identical to the compile's numpy);
-4. installs them between calls: the library's call guard holds new calls and waits for
-   the running ones (kiln.runtime.lifetime), the constants' pages are made writable
-   for the copy (a private copy of the library's pages: the file is not changed), then
-   calls resume. A call sees the old or the new weights, never a mix.
+4. installs them between calls: the constants' pages are made writable (a private copy
+   of the library's pages, of the same bytes: the file is not changed), then the
+   library's call guard holds new calls and waits for the running ones
+   (kiln.runtime.lifetime), the new constants are copied in, and calls resume. A call
+   sees the old or the new weights, never a mix.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from kiln.runtime.module import LibraryModule, Module
 
 REPLAY_VERSION = 1
+_MADV_POPULATE_WRITE = 23  # linux/mman.h
 
 
 def replay_record(module: Module) -> tuple[Any, dict[str, Any]]:
@@ -129,7 +131,9 @@ def check_source(record: Mapping[str, Any], named: Mapping[str, np.ndarray]) -> 
 
 # The numpy functions a replay may apply (kiln.ir.weight_origin.APPLY_FUNCTIONS).
 APPLY_FUNCTIONS: dict[str, Any] = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
-                   "divide": np.divide, "sqrt": np.sqrt, "dot": np.dot}
+                   "divide": np.divide, "sqrt": np.sqrt, "dot": np.dot, "take": np.take}
+# Keyword arguments an applied function takes from its record entry.
+APPLY_KEYWORDS = {"take": ("axis",)}
 
 
 def _widen(a: np.ndarray) -> np.ndarray:
@@ -142,8 +146,9 @@ def _apply(node: Mapping[str, Any], named: Mapping[str, np.ndarray]) -> np.ndarr
     if fn is None:
         raise FormatError(f"replay record: unknown function {node.get('fn')!r}")
     args = [_widen(np.asarray(_evaluate(a, named))) for a in node["args"]]
+    kwargs = {k: int(node[k]) for k in APPLY_KEYWORDS.get(str(node["fn"]), ()) if k in node}
     with np.errstate(all="ignore"):
-        return np.asarray(fn(*args)).astype(np.dtype(str(node["dtype"])))
+        return np.asarray(fn(*args, **kwargs)).astype(np.dtype(str(node["dtype"])))
 
 
 def _evaluate(node: Mapping[str, Any], named: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -168,7 +173,7 @@ def _evaluate(node: Mapping[str, Any], named: Mapping[str, np.ndarray]) -> np.nd
     if op == "broadcast_to":
         return np.broadcast_to(x, [int(d) for d in node["shape"]])
     if op == "slice":
-        return x[tuple(slice(0, int(s)) for s in node["stops"])]
+        return x[tuple(slice(a, b, c) for a, b, c in node["bounds"])]
     raise FormatError(f"replay record: unknown step {op!r}")
 
 
@@ -179,7 +184,11 @@ def rebuild(record: Mapping[str, Any], named: Mapping[str, np.ndarray]
     for c in record.get("constants", []):
         if "literal" in c:
             continue
-        value = np.asarray(_evaluate(c, named), order="C")  # (ascontiguousarray: 0-d -> 1-d)
+        try:
+            value = np.asarray(_evaluate(c, named), order="C")  # (ascontiguousarray: 0-d -> 1-d)
+        except IndexError as exc:  # new indices of a folded gather out of range
+            raise UsageError(f"the new weights do not fit the compiled transforms of the "
+                             f"constant at byte {c['offset']}: {exc}") from None
         if value.dtype.name != c["dtype"] or list(value.shape) != list(c["shape"]):
             raise FormatError(f"replay record: the constant at byte {c['offset']} rebuilds "
                               f"as {value.dtype.name}{list(value.shape)}, expected "
@@ -234,8 +243,13 @@ def _writable(start: int, length: int) -> Iterator[None]:
     try:
         for a, b, prot in spans:
             if libc.mprotect(a, b - a, prot | mmap.PROT_READ | mmap.PROT_WRITE) != 0:
-                raise OSError(ctypes.get_errno(), "mprotect failed")
+                raise UsageError(f"cannot make the constants' pages writable (mprotect: "
+                                 f"{os.strerror(ctypes.get_errno())}); nothing was changed")
             done.append((a, b, prot))
+        # Fault the private copies (of the old bytes: a call reading them meanwhile sees
+        # no change) in now, with one call where Linux can (5.14+), so the calls wait
+        # only for the copy; elsewhere the copy faults them in.
+        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_POPULATE_WRITE)
         yield
     finally:
         for a, b, prot in done:
@@ -274,7 +288,7 @@ def swap_weights(module: Module, source: Any) -> None:
     lib.run_weight_checks()  # a pending lazy check must see the weights it was made for
     address = constants_address(lib, str(artifact.metadata["symbol"]))
     size = int(record["size"])
-    with lib.calls_paused(), _writable(address, size):
+    with _writable(address, size), lib.calls_paused():
         view = np.frombuffer(memoryview((ctypes.c_uint8 * size).from_address(address)),
                              np.uint8)
         for offset, data in pieces:
