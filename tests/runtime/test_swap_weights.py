@@ -4,7 +4,9 @@ One small ONNX model (a Gemm with a transposed B, a MatMul, a MatMul by a Transp
 of a weight that import folds, and a Reshape by a shape initializer, which the code
 bakes in) is compiled once per codegen with its weights and once with new ones; the
 library of the first, given the new weights, must answer bit for bit what the second
-does (its transforms are exact: transposes, panel packing), embedded and external.
+does (its transforms are exact: transposes, panel packing), embedded and external. A
+small CNN covers folded batch norms and packed convolution filters; the call guard's
+pause is checked on its own.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from onnx import numpy_helper
 
 import kiln
 from kiln.cli.inspect import cmd_inspect
-from kiln.errors import ArgumentTypeError, UsageError
+from kiln.errors import ArgumentTypeError, CallError, UsageError
 from kiln.runtime import load_module
+from kiln.runtime.lifetime import CallGuard
 from kiln.runtime.onnx_weights import read_onnx_weights
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
@@ -224,3 +227,32 @@ def test_folded_batch_norms_and_packed_filters_replay(tmp_path):
         assert "apply" in str(record.metadata["replay"])  # the folded batch norms
         lib.swap_weights(new)
         assert lib["main"](img).tobytes() == want.tobytes()
+
+
+def test_a_paused_guard_holds_new_calls_until_resume_and_close_still_closes():
+    guard = CallGuard("the test library")
+    guard.enter("f")  # a call in flight
+    paused = threading.Thread(target=guard.pause)
+    paused.start()
+    paused.join(0.2)
+    assert paused.is_alive()  # pause waits for the call in flight
+    guard.exit()
+    paused.join()
+    started = threading.Event()
+
+    def call() -> None:
+        guard.enter("g")
+        started.set()
+        guard.exit()
+
+    waiting = threading.Thread(target=call)
+    waiting.start()
+    assert not started.wait(0.2)  # held while paused
+    guard.resume()
+    assert started.wait(5)
+    waiting.join()
+    guard.pause()
+    guard.close()  # a close during a pause ends closed
+    guard.resume()
+    with pytest.raises(CallError, match="closed"):
+        guard.enter("h")
