@@ -22,7 +22,7 @@ from onnx import numpy_helper
 
 import kiln
 from kiln.cli.inspect import cmd_inspect
-from kiln.errors import ArgumentTypeError, CallError, UsageError
+from kiln.errors import ArgumentTypeError, CallError, FormatError, UsageError
 from kiln.runtime import load_module
 from kiln.runtime.lifetime import CallGuard
 from kiln.runtime.onnx_weights import read_onnx_weights
@@ -153,6 +153,11 @@ def test_sources_of_other_kinds_are_refused(built, tmp_path):
             lib.swap_weights(42)
         with pytest.raises(UsageError, match="is not a file"):
             lib.swap_weights(tmp_path / "missing.onnx")
+        (tmp_path / "bad.npz").write_bytes(b"not a zip")
+        with pytest.raises(FormatError, match="not a readable .npz"):
+            lib.swap_weights(tmp_path / "bad.npz")
+        with pytest.raises(FormatError):
+            lib.swap_weights(b"\xff\xff\xff")  # not an ONNX model
 
 
 def test_a_constant_without_a_replay_is_named_and_refused(tmp_path):

@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from kiln.errors import IRError
+
 STEPS = ("transpose", "reshape", "astype", "pad", "broadcast_to", "slice")
 # The numpy functions `Apply` may name.
 APPLY_FUNCTIONS = ("add", "subtract", "multiply", "divide", "sqrt", "dot", "take")
@@ -161,7 +163,7 @@ def weight(name: str, data: np.ndarray) -> Weight:
 def step(op: str, source: Origin | None, **params: Any) -> Origin | None:
     """`op` applied to `source`: literal, opaque or unknown (None) in, the same out."""
     if op not in STEPS:
-        raise ValueError(f"unknown replay step {op!r}; known: {', '.join(STEPS)}")
+        raise IRError(f"unknown replay step {op!r}; known: {', '.join(STEPS)}")
     if source is None or isinstance(source, (Literal, Opaque)):
         return source
     return Step(op, source, tuple(sorted(params.items())))
@@ -190,7 +192,7 @@ def apply(fn: str, sources: Sequence[Origin | None], dtype: Any, **params: Any
     """numpy's `fn` on `sources` (and keywords `params`), cast to `dtype`: None if any is
     unknown, the first opaque one if any is opaque."""
     if fn not in APPLY_FUNCTIONS:
-        raise ValueError(f"unknown replay function {fn!r}; known: {', '.join(APPLY_FUNCTIONS)}")
+        raise IRError(f"unknown replay function {fn!r}; known: {', '.join(APPLY_FUNCTIONS)}")
     for s in sources:
         if s is None or isinstance(s, Opaque):
             return s

@@ -27,6 +27,7 @@ import ctypes
 import hashlib
 import mmap
 import os
+import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,8 +97,12 @@ def read_source(source: Any) -> dict[str, np.ndarray]:
         if not path.is_file():
             raise UsageError(f"swap_weights: {str(path)!r} is not a file")
         if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as npz:
-                return {k: npz[k] for k in npz.files}
+            try:
+                with np.load(path, allow_pickle=False) as npz:
+                    return {k: npz[k] for k in npz.files}
+            except (OSError, ValueError, zipfile.BadZipFile) as exc:
+                raise FormatError(f"swap_weights: {str(path)!r} is not a readable .npz: "
+                                  f"{exc}") from None
         return read_onnx_weights(path.read_bytes(), str(path), path.parent)
     raise ArgumentTypeError("swap_weights: source must be a dict of name -> array, an .npz "
                             "or .onnx path, ONNX bytes or an onnx.ModelProto, got "
