@@ -28,7 +28,7 @@ _DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6:
 _TYPED = {1: 4, 2: 5, 3: 5, 4: 5, 5: 5, 6: 5, 9: 5, 10: 5, 7: 7, 11: 10, 12: 11, 13: 11}
 
 
-def _varint(buf: bytes, pos: int, where: str) -> tuple[int, int]:
+def _varint(buf: bytes | memoryview, pos: int, where: str) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= len(buf) or shift > 63:
@@ -41,9 +41,10 @@ def _varint(buf: bytes, pos: int, where: str) -> tuple[int, int]:
         shift += 7
 
 
-def fields(buf: bytes, where: str) -> Iterator[tuple[int, int, Any]]:
+def fields(buf: bytes | memoryview, where: str) -> Iterator[tuple[int, int, Any]]:
     """(field number, wire type, value) of each field of one protobuf message: an int for
-    varints and fixed-width fields, bytes for length-delimited ones."""
+    varints and fixed-width fields, the bytes (a view of `buf`'s, when it is a
+    memoryview: no copy) for length-delimited ones."""
     pos = 0
     while pos < len(buf):
         key, pos = _varint(buf, pos, where)
@@ -53,7 +54,7 @@ def fields(buf: bytes, where: str) -> Iterator[tuple[int, int, Any]]:
             value, pos = _varint(buf, pos, where)
         elif wire in (1, 5):
             size = 8 if wire == 1 else 4
-            value = int.from_bytes(buf[pos:pos + size], "little")
+            value = int.from_bytes(bytes(buf[pos:pos + size]), "little")
             pos += size
         elif wire == 2:
             length, pos = _varint(buf, pos, where)
@@ -79,7 +80,7 @@ def _packed_ints(items: list[tuple[int, Any]], where: str) -> list[int]:
     return out
 
 
-def _tensor(buf: bytes, where: str, base: Path | None) -> tuple[str, np.ndarray]:
+def _tensor(buf: memoryview, where: str, base: Path | None) -> tuple[str, np.ndarray]:
     seen: dict[int, list[tuple[int, Any]]] = {}
     for number, wire, value in fields(buf, where):
         seen.setdefault(number, []).append((wire, value))
@@ -92,12 +93,12 @@ def _tensor(buf: bytes, where: str, base: Path | None) -> tuple[str, np.ndarray]
         raise FormatError(f"{what}: data type {code} is not one swap_weights reads")
     count = int(np.prod(dims)) if dims else 1
     if 9 in seen:
-        data = np.frombuffer(bytes(seen[9][-1][1]), dtype=np.dtype(dtype).newbyteorder("<"))
+        data = np.frombuffer(seen[9][-1][1], dtype=np.dtype(dtype).newbyteorder("<"))
     elif seen.get(14, [(0, 0)])[-1][1] == 1:
         data = _external(seen.get(13, []), dtype, what, base)
     elif code == 1 or code == 11:
         fmt = "<f" if code == 1 else "<d"
-        raw = b"".join(v if w == 2 else struct.pack(fmt[:1] + ("I" if code == 1 else "Q"), v)
+        raw = b"".join(bytes(v) if w == 2 else struct.pack(fmt[:1] + ("I" if code == 1 else "Q"), v)
                        for w, v in seen.get(_TYPED[code], []))
         data = np.frombuffer(raw, dtype=np.dtype(fmt))
     else:
@@ -134,8 +135,9 @@ def _external(entries: list[tuple[int, Any]], dtype: Any, what: str,
 def read_onnx_weights(model: bytes, where: str, base: Path | None = None
                       ) -> dict[str, np.ndarray]:
     """name -> array of every initializer of the ONNX model `model` (serialized bytes);
-    `base` is the model file's directory (external data). FormatError if malformed."""
-    graphs = [v for n, w, v in fields(model, where) if n == 7 and w == 2]
+    `base` is the model file's directory (external data). FormatError if malformed.
+    The arrays are read-only views of `model`'s bytes where their data is raw."""
+    graphs = [v for n, w, v in fields(memoryview(model), where) if n == 7 and w == 2]
     if not graphs:
         raise FormatError(f"{where}: not an ONNX model (no graph)")
     out = {}
