@@ -156,6 +156,16 @@ def _apply(node: Mapping[str, Any], named: Mapping[str, np.ndarray]) -> np.ndarr
         return np.asarray(fn(*args, **kwargs)).astype(np.dtype(str(node["dtype"])))
 
 
+def _pad(x: np.ndarray, widths: list[tuple[int, int]]) -> np.ndarray:
+    """`x` with zeros before and after each axis (np.pad's values, without its generic
+    and slower path; `x` itself when nothing is added)."""
+    if not any(a or b for a, b in widths):
+        return x
+    out = np.zeros([a + n + b for (a, b), n in zip(widths, x.shape)], x.dtype)
+    out[tuple(slice(a, a + n) for (a, _), n in zip(widths, x.shape))] = x
+    return out
+
+
 def _evaluate(node: Mapping[str, Any], named: Mapping[str, np.ndarray]) -> np.ndarray:
     if "weight" in node:
         return named[node["weight"]]
@@ -172,9 +182,9 @@ def _evaluate(node: Mapping[str, Any], named: Mapping[str, np.ndarray]) -> np.nd
     if op == "reshape":
         return np.reshape(x, [int(d) for d in node["shape"]])
     if op == "astype":
-        return x.astype(np.dtype(str(node["dtype"])))
+        return x.astype(np.dtype(str(node["dtype"])), copy=False)
     if op == "pad":
-        return np.pad(x, [(int(a), int(b)) for a, b in node["widths"]])
+        return _pad(x, [(int(a), int(b)) for a, b in node["widths"]])
     if op == "broadcast_to":
         return np.broadcast_to(x, [int(d) for d in node["shape"]])
     if op == "slice":
