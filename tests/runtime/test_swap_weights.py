@@ -154,7 +154,7 @@ def test_sources_of_other_kinds_are_refused(built, tmp_path):
         with pytest.raises(UsageError, match="is not a file"):
             lib.swap_weights(tmp_path / "missing.onnx")
         (tmp_path / "bad.npz").write_bytes(b"not a zip")
-        with pytest.raises(FormatError, match="not a readable .npz"):
+        with pytest.raises(FormatError, match=r"not a readable \.npz"):
             lib.swap_weights(tmp_path / "bad.npz")
         with pytest.raises(FormatError):
             lib.swap_weights(b"\xff\xff\xff")  # not an ONNX model
