@@ -134,7 +134,7 @@ def check_source(record: Mapping[str, Any], named: Mapping[str, np.ndarray]) -> 
     return problems
 
 
-# The numpy functions a replay may apply (kiln.ir.weight_origin.APPLY_FUNCTIONS).
+# The numpy functions a replay may apply (the record's "apply" entries, docs/format.md).
 APPLY_FUNCTIONS: dict[str, Any] = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
                    "divide": np.divide, "sqrt": np.sqrt, "dot": np.dot, "take": np.take}
 # Keyword arguments an applied function takes from its record entry.
