@@ -25,6 +25,7 @@ from kiln.cli.inspect import cmd_inspect
 from kiln.errors import ArgumentTypeError, CallError, FormatError, UsageError
 from kiln.runtime import load_module
 from kiln.runtime.lifetime import CallGuard
+from kiln.runtime.swap import check_source
 from kiln.runtime.onnx_weights import read_onnx_weights
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
@@ -261,3 +262,13 @@ def test_a_paused_guard_holds_new_calls_until_resume_and_close_still_closes():
     guard.resume()
     with pytest.raises(CallError, match="closed"):
         guard.enter("h")
+
+
+def test_a_large_unused_weight_cannot_be_checked_so_it_must_be_left_out():
+    record = {"weights": {"w": {"dtype": "float32", "shape": [2]},
+                          "big": {"dtype": "float32", "shape": [3], "fixed": True,
+                                  "sha256": None}}}
+    w = np.zeros(2, np.float32)
+    assert check_source(record, {"w": w}) == []
+    (problem,) = check_source(record, {"w": w, "big": np.zeros(3, np.float32)})
+    assert "'big' is not rebuilt by the library" in problem and "leave it out" in problem

@@ -50,7 +50,8 @@ VALUE_LIMIT = 1 << 16
 # (`table_row` each), for the replay record.
 ATTR_WEIGHTS = "kiln.weights"
 # A named weight the library does not rebuild is checked against its SHA-256 when a swap
-# gives it: recorded up to this size (larger ones the compile dropped are unused).
+# gives it: recorded up to this size, and for every weight read into the code (a larger
+# one that no constant uses has none: a swap must leave it out).
 HASHED_BYTES = 1 << 20
 
 
