@@ -25,8 +25,8 @@ from kiln.cli.inspect import cmd_inspect
 from kiln.errors import ArgumentTypeError, CallError, FormatError, UsageError
 from kiln.runtime import load_module
 from kiln.runtime.lifetime import CallGuard
-from kiln.runtime.swap import check_source
 from kiln.runtime.onnx_weights import read_onnx_weights
+from kiln.runtime.swap import check_source
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 
