@@ -1,6 +1,7 @@
 """`kiln inspect`'s weights section: where a library's or MLF archive's weights live
 (embedded, or a weights file found or not, its hash matching or not), tensors, bytes,
-their SHA-256s (`--weights`), and the transforms the file can replay (none yet).
+their SHA-256s (`--weights`), and the transforms the file can replay (its replay record:
+none for a library compiled from IR, or for an MLF archive; those of an ONNX model's).
 
 One small model (x @ W) is compiled once for `c` and exported three ways; every hash
 the report shows is recomputed here from the files' bytes.
@@ -29,7 +30,8 @@ from kiln.ir import graph as g
 
 W = np.arange(32, dtype=np.float32).reshape(4, 8) / 7
 GOLDEN_V3 = Path(__file__).resolve().parents[1] / "golden" / "mlf_v3_2026-11-27.tar"
-NOT_YET = "transforms replayable: none (swap_weights not built yet"
+NOT_YET = "transforms replayable: none (no replay record: new weights need a compile)"
+MLF_NOT = "transforms replayable: none (an MLF archive: new weights need a new archive)"
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +119,7 @@ def test_mlf_weights_with_their_sha256(files: dict[str, Path],
     t = info["tensors"][0]
     assert (f"tensor   {t['name']}: float32{t['shape']} at {t['offset']}, {t['bytes']} bytes, "
             f"sha256 {t['sha256']}") in out
-    assert NOT_YET in out and "embedded in the archive: parameters/m.params" in out
+    assert MLF_NOT in out and "embedded in the archive: parameters/m.params" in out
 
 
 def test_an_mlf_before_version_4_has_no_per_tensor_hashes() -> None:

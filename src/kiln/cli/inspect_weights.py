@@ -9,6 +9,11 @@ looked for beside the library, its header read and its content hash compared; th
 itself is checked by `load_module`, lazily). An MLF archive's weights are its
 `parameters/<model>.params` member; from MLF version 4 metadata.json records each
 weight's SHA-256 (`parameters`).
+
+The transforms a library can replay are those of its replay record (docs/format.md,
+"The replay record": the steps and numpy functions that rebuild its constants from the
+model's named weights, what `Module.swap_weights` runs); none when it has no record, or
+when some constant has no replay (swap_weights refuses, the note says how many).
 """
 
 from __future__ import annotations
@@ -20,10 +25,37 @@ from typing import Any
 
 from kiln.errors import KilnError
 
-# No weight transformation is compiled into a library yet: `Module.swap_weights` (a new
-# checkpoint installed without the compiler) is not built, so new weights need a compile.
-REPLAYABLE: list[str] = []
-REPLAYABLE_NOTE = "none (swap_weights not built yet: new weights need a compile)"
+# What the section says when nothing can be replayed: a library without a replay record
+# (compiled from IR without named weights, or before swap_weights), or an MLF archive
+# (compiled on the device's host: new weights need a new archive).
+REPLAYABLE_NOTE = "none (no replay record: new weights need a compile)"
+MLF_NOTE = "none (an MLF archive: new weights need a new archive)"
+
+
+def replayable(artifacts: Sequence[Any]) -> tuple[list[str], str]:
+    """(the steps and functions of the library's replay record, sorted; "" or why none)."""
+    records = [dict(a.metadata)["replay"] for a in artifacts
+               if isinstance(dict(a.metadata).get("replay"), Mapping)]
+    if not records:
+        return [], REPLAYABLE_NOTE
+    kinds: set[str] = set()
+    unknown = 0
+    for record in records:
+        for c in record.get("constants") or []:
+            unknown += isinstance(c, Mapping) and "unknown" in c
+            todo = [c]
+            while todo:
+                node = todo.pop()
+                if not isinstance(node, Mapping):
+                    continue
+                if isinstance(node.get("op"), str):
+                    kinds.add(str(node["fn"]) if node["op"] == "apply" else node["op"])
+                todo.append(node.get("x"))
+                todo.extend(node.get("args") or [])
+    if unknown:
+        return [], (f"none ({unknown} constant(s) made by transforms without a replay: "
+                    "swap_weights refuses; new weights need a compile)")
+    return sorted(kinds), ""
 
 
 def _tree_sha256(chunks: Any, size: int, chunk_size: Any) -> str | None:
@@ -103,6 +135,7 @@ def library_weights(path: str, artifacts: Sequence[Any], metadata: Mapping[str, 
     """The "weights" section of a library's report."""
     entry = metadata.get("weights")
     info = _external(path, entry) if isinstance(entry, Mapping) else _embedded(artifacts)
+    info["transforms_replayable"], info["replay_note"] = replayable(artifacts)
     return _totals(info)
 
 
@@ -123,6 +156,7 @@ def mlf_weights(meta: Mapping[str, Any], sizes: Mapping[str, int]) -> dict[str, 
                     for t in table or []]}
     if table is None:  # before version 4: the file as a whole
         info.update(count=None, bytes=size)
+    info["transforms_replayable"], info["replay_note"] = [], MLF_NOTE
     return _totals(info)
 
 
@@ -130,7 +164,6 @@ def _totals(info: dict[str, Any]) -> dict[str, Any]:
     info.setdefault("count", len(info["tensors"]))
     info.setdefault("bytes", sum(t["bytes"] for t in info["tensors"]
                                  if isinstance(t["bytes"], int)))
-    info["transforms_replayable"] = list(REPLAYABLE)
     return info
 
 
@@ -163,8 +196,10 @@ def weights_lines(info: Mapping[str, Any], kind: str, per_tensor: bool) -> list[
         if info["count"] is None else info["count"]
     lines = ["weights:", f"  where:    {_where(info, kind)}",
              f"  tensors:  {count}, {info['bytes']} bytes"]
-    lines.append("  transforms replayable: " + (", ".join(info["transforms_replayable"])
-                                               or REPLAYABLE_NOTE))
+    replay = info["transforms_replayable"]
+    lines.append("  transforms replayable: " + (
+        f"{', '.join(replay)} (Module.swap_weights rebuilds every constant)" if replay
+        else info.get("replay_note") or REPLAYABLE_NOTE))
     if per_tensor:
         lines.extend(_tensor_line(t) for t in info["tensors"])
     elif info["tensors"]:
@@ -172,4 +207,5 @@ def weights_lines(info: Mapping[str, Any], kind: str, per_tensor: bool) -> list[
     return lines
 
 
-__all__ = ["REPLAYABLE", "REPLAYABLE_NOTE", "library_weights", "mlf_weights", "weights_lines"]
+__all__ = ["MLF_NOTE", "REPLAYABLE_NOTE", "library_weights", "mlf_weights", "replayable",
+           "weights_lines"]

@@ -14,7 +14,8 @@ archive and cache writers stream the pieces.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from kiln.artifact import Artifact
 from kiln.artifact.integrity import CHUNK_SIZE, chunk_digests, tree_digest
 from kiln.artifact.segments import Segments
 from kiln.codegen.naming import consts_symbol
+from kiln.ir import weight_origin as wo
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import AllocConst
 from kiln.ir.visitor import iter_stmts
@@ -64,6 +66,8 @@ class ConstantPool:
         self.size = 0
         self._arena: memoryview | None = None  # the adopted arena (see _adopt_arena)
         self._digests: bytes | None = None
+        # The model's named weights (kiln.ir.weight_origin.ATTR_WEIGHTS), from from_module.
+        self.named_weights: tuple[tuple[Any, ...], ...] | None = None
 
     def add(self, data: np.ndarray) -> int:
         """Byte offset of `data` in the blob (adding it on first sight)."""
@@ -91,6 +95,26 @@ class ConstantPool:
                         {"symbol": consts_symbol(prefix), "align": CONST_ALIGN,
                          "count": len(self), **({"large": True} if self.large else {}),
                          **self.integrity()})
+
+    def with_replay(self, artifacts: Iterable[Any], prefix: str) -> list[Any]:
+        """`artifacts` with this pool's replay record in the metadata of its constants
+        artifact (`replay`), when the module named its weights. Added after code
+        generation, so a build from the compile cache gets the record of this module's
+        names (the cache keys the weights' bytes, not their names)."""
+        out = list(artifacts)
+        if self.named_weights is None:
+            return out
+        record = self.replay_record()
+        symbol = consts_symbol(prefix)
+        return [replace(a, metadata={**a.metadata, "replay": record})
+                if isinstance(a, Artifact) and a.file_name == CONSTANTS_FILE
+                and a.metadata.get("symbol") == symbol else a for a in out]
+
+    def replay_record(self) -> dict[str, Any]:
+        """How to rebuild every constant from the model's named weights (docs/format.md,
+        "The replay record"): what `Module.swap_weights` runs."""
+        return replay_record(
+            ((self._offsets[id(d)], d) for d in self._keep), self.size, self.named_weights or ())
 
     def offset(self, data: np.ndarray) -> int:
         return self._offsets[id(data)]
@@ -163,6 +187,8 @@ class ConstantPool:
                 if isinstance(node, AllocConst):
                     pool.add(node.data)
         pool._adopt_arena()
+        named = mod.attrs.get(wo.ATTR_WEIGHTS)
+        pool.named_weights = tuple(named) if named is not None else None
         return pool
 
     def _adopt_arena(self) -> None:
@@ -204,3 +230,27 @@ class ConstantPool:
         view.flags.writeable = False
         self._arena = view.data
         self._digests = None
+
+
+REPLAY_VERSION = 1
+
+
+def replay_record(constants: Iterator[tuple[int, np.ndarray]] | Any, size: int,
+                  named: Any) -> dict[str, Any]:
+    """The replay record of a pool of `size` bytes holding `constants` (offset, array),
+    given the model's named weights (`kiln.ir.weight_origin.table_row`s)."""
+    entries = []
+    used: set[str] = set()
+    for offset, data in sorted(constants, key=lambda c: c[0]):
+        origin = wo.origin_of(data)
+        used.update(w.name for w in wo.leaves(origin))
+        entries.append({"offset": offset, "dtype": data.dtype.name,
+                        "shape": [int(d) for d in data.shape], **wo.to_json(origin)})
+    weights: dict[str, Any] = {}
+    for name, dtype, shape, baked, digest in named:
+        row: dict[str, Any] = {"dtype": dtype, "shape": list(shape)}
+        if name not in used or baked:
+            row["fixed"] = True  # not rebuilt (unused, or read into the code): must not change
+            row["sha256"] = digest
+        weights[name] = row
+    return {"version": REPLAY_VERSION, "size": size, "weights": weights, "constants": entries}

@@ -25,9 +25,10 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import kiln.codegen as codegen
+from kiln.artifact.artifact import ArtifactSet
 from kiln.artifact.integrity import CHUNK_SIZE
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.naming import DEFAULT_PREFIX, check_prefix, library_metadata
@@ -55,9 +56,6 @@ from kiln.transform.pipeline import PipelineSpec, get_pipeline
 from kiln.transform.terminate import TerminateChecks
 from kiln.tuning.apply import FromDatabase, using
 from kiln.tuning.database import TuningDatabase, target_key
-
-if TYPE_CHECKING:
-    from kiln.artifact.artifact import ArtifactSet
 
 
 def compile(
@@ -150,6 +148,7 @@ def compile(
         if key is not None:
             with timed_step("cache.store"):
                 cache.store(key, artifacts, metadata)
+    artifacts = ArtifactSet(pool.with_replay(artifacts, prefix))  # Module.swap_weights
     del pool  # the artifacts hold the one copy of the weights now
     return Executable(artifacts, mod, metadata, tgt, prefix, cache_hit=hit, cache_key=key)
 

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir import weight_origin as wo
 from kiln.ir.tensor import PrimExpr, as_expr, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
@@ -65,6 +66,16 @@ def unpack_blocked_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
     cog = c_out // groups
     w = wp.transpose(0, 1, 5, 2, 3, 4).reshape(groups, blocks * cb, ci, kh, kw)[:, :cog]
     return np.ascontiguousarray(w.reshape(c_out, ci, kh, kw))
+
+
+def unpack_blocked_origin(source: wo.Origin | None, shape: Sequence[int], c_out: int
+                          ) -> wo.Origin | None:
+    """The replay of `unpack_blocked_weight` on a weight of packed `shape`."""
+    groups, blocks, ci, kh, kw, cb = (int(d) for d in shape)
+    moved = wo.step("transpose", source, perm=(0, 1, 5, 2, 3, 4))
+    grouped = wo.step("reshape", moved, shape=(groups, blocks * cb, ci, kh, kw))
+    cut = wo.first(grouped, (groups, c_out // groups, ci, kh, kw))
+    return wo.step("reshape", cut, shape=(c_out, ci, kh, kw))
 
 
 def _blocked_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
@@ -196,6 +207,15 @@ def unpack_rows_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
     blocks, ci, kh, kw, rows = wp.shape
     w = wp.transpose(0, 4, 1, 2, 3).reshape(blocks * rows, ci, kh, kw)[:c_out]
     return np.ascontiguousarray(w)
+
+
+def unpack_rows_origin(source: wo.Origin | None, shape: Sequence[int], c_out: int
+                       ) -> wo.Origin | None:
+    """The replay of `unpack_rows_weight` on a weight of packed `shape`."""
+    blocks, ci, kh, kw, rows = (int(d) for d in shape)
+    moved = wo.step("transpose", source, perm=(0, 4, 1, 2, 3))
+    merged = wo.step("reshape", moved, shape=(blocks * rows, ci, kh, kw))
+    return wo.first(merged, (c_out, ci, kh, kw))
 
 
 def _rows_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:

@@ -21,6 +21,7 @@ from typing import Any, cast
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir import weight_origin as wo
 from kiln.ir.tensor import PrimExpr, as_expr, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
@@ -40,6 +41,22 @@ def pack_weight(w: np.ndarray, block: int) -> np.ndarray:
     padded = np.zeros((blocks * block, kh, kw), dtype=w.dtype)
     padded[:c] = w[:, 0]
     return np.ascontiguousarray(padded.reshape(blocks, block, kh, kw).transpose(0, 2, 3, 1))
+
+
+def pack_weight_origin(source: wo.Origin | None, shape: Sequence[int], block: int
+                       ) -> wo.Origin | None:
+    """The replay of `pack_weight` on a weight of `shape`."""
+    c, _, kh, kw = (int(d) for d in shape)
+    blocks = -(-c // block)
+    flat = wo.step("reshape", source, shape=(c, kh, kw))
+    padded = wo.padded(flat, (c, kh, kw), 0, blocks * block)
+    return wo.step("transpose", wo.step("reshape", padded, shape=(blocks, block, kh, kw)),
+                   perm=(0, 2, 3, 1))
+
+
+def pack_bias_origin(source: wo.Origin | None, size: int, block: int) -> wo.Origin | None:
+    """The replay of `pack_bias` on a bias of `size` channels."""
+    return wo.padded(source, (size,), 0, -(-size // block) * block)
 
 
 def unpack_weight(wp: np.ndarray, channels: int) -> np.ndarray:

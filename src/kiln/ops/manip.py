@@ -375,6 +375,13 @@ register_op("strided_slice", pattern="injective", infer=_slice_infer, compute=_s
             reference=_slice_ref)
 
 
+def slice_params(shape: Sequence[int], attrs: Attrs) -> list[tuple[int, int, int]]:
+    """Per-axis (start, step, length) a `strided_slice` call with `attrs` takes of an array
+    of static `shape` (what its reference indexes; the replay of a folded slice,
+    kiln.transform.weight_provenance)."""
+    return [(int(s), int(st), int(n)) for s, st, n in _slice_params(shape, attrs)]
+
+
 def _split_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
     (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)

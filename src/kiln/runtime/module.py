@@ -12,9 +12,11 @@ import ctypes
 import os
 import shutil
 import tempfile
+import threading
 import weakref
 from _ctypes import dlclose as _dlclose
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +25,7 @@ from kiln.artifact import inspect_artifact
 from kiln.artifact.library_schema import check_library_metadata
 from kiln.artifact.schema import Anything, Obj, parse
 from kiln.errors import ArgumentTypeError, FormatError, KilnError, UsageError, shown
-from kiln.runtime import abi, ctypes_abi, threads
+from kiln.runtime import abi, ctypes_abi, swap, threads
 from kiln.runtime.dim_binding import is_dim_text
 from kiln.runtime.function import NativeFunction, PackedFunction
 from kiln.runtime.lifetime import CallGuard
@@ -189,6 +191,18 @@ class Module:
 
         return "\n".join(inspect_artifact(a, fmt) for a in preferred)
 
+    # -------------------------------------------------------------- weights
+    def swap_weights(self, source: Any) -> None:
+        """Install new weights into this library, without a compiler (docs/runtime.md,
+        "Swapping weights"): `source` is a dict name -> array of the model's named
+        weights (its ONNX initializers), an `.npz` file of them, or an ONNX model of
+        the same graph (path, bytes or ModelProto). The library rebuilds its constants
+        from them as the compile did and installs them between calls: a call sees the
+        old or the new weights, never a mix. UsageError (nothing changed) when the
+        names, dtypes or shapes differ from the model's, or the library cannot rebuild
+        some constant (the message names it); see kiln.runtime.swap."""
+        swap.swap_weights(self, source)
+
     # -------------------------------------------------------------- lifetime
     def close(self) -> None:
         """Release this module and its imports; their functions stop working."""
@@ -259,6 +273,7 @@ class LibraryModule(Module):
         self._cleanup: Any = None
         self._handle: int | None = None
         self._guard = CallGuard(f"the library {str(self.path)!r}")
+        self._swap_lock = threading.Lock()  # one swap_weights at a time; close() waits
         lib = _dlopen(self.path)
         # The private directory goes when the module does, or at interpreter exit
         # at the latest (a finalizer runs even when the module sits in a cycle).
@@ -357,12 +372,33 @@ class LibraryModule(Module):
     def _own_names(self) -> list[str]:
         return list(self._functions)
 
+    def run_weight_checks(self) -> None:
+        """Run the pending lazy checks of the weights now (FormatError if damaged)."""
+        for fn in self._functions.values():
+            check = getattr(fn.c_func, "check", None)  # kiln.runtime.weights arm_check
+            if check is not None:
+                check.run()
+        if self.weights is not None:
+            self.weights.run()
+
+    @contextmanager
+    def calls_paused(self) -> Iterator[None]:
+        """No call of this library runs meanwhile: new calls wait, running ones are
+        waited for (kiln.runtime.lifetime.CallGuard.pause); one holder at a time."""
+        with self._swap_lock:
+            self._guard.pause()
+            try:
+                yield
+            finally:
+                self._guard.resume()
+
     def close(self) -> None:
         """dlclose the library (idempotent) once the calls in flight have returned.
 
         Functions of a closed library raise CallError.
         """
-        self._guard.close()
+        with self._swap_lock:  # not while swap_weights writes into its constants
+            self._guard.close()
         super().close()
         for stop in self._on_close:  # e.g. the weight check's thread, which reads the library
             stop()

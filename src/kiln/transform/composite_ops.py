@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from kiln.ir import graph as g
+from kiln.ir import weight_origin as wo
 from kiln.ir.analysis.graph_uses import graph_vars_used, var_use_counts
 from kiln.ir.dtype import is_float
 from kiln.ir.module import IRModule
@@ -362,6 +363,7 @@ def _with_affine(graph: _Graph, b: g.Binding, x: g.Expr, eps: float,
     args: tuple[g.Expr, ...] = (x,)
     if shift is not None and scale is None:  # layer_norm takes a bias only after a scale
         scale = g.Constant(np.ones(shift.data.shape, shift.data.dtype))
+        wo.record(scale.data, wo.LITERAL)
     if scale is not None:
         args = (x, scale) if shift is None else (x, scale, shift)
     return g.Binding(end.var, g.Call("layer_norm", args, {"axis": -1, "epsilon": eps},
@@ -378,7 +380,9 @@ def _row_vector(call: g.Expr, v: g.Var, dim: int) -> g.Constant | None:
     data = other.data
     if data.size != dim or any(d != 1 for d in data.shape[:-1]) or data.shape[-1:] != (dim,):
         return None
-    return g.Constant(data.reshape(dim), other.name)
+    vector = g.Constant(data.reshape(dim), other.name)
+    wo.record(vector.data, wo.step("reshape", wo.origin_of(data), shape=(dim,)))
+    return vector
 
 
 def _products_for_power(graph: _Graph, b: g.Binding) -> list[g.Binding] | None:
@@ -404,6 +408,7 @@ def _scaled_matmul(graph: _Graph, b: g.Binding) -> list[g.Binding] | None:
             not is_float(b.var.type.dtype):
         return None
     scale, args = 1.0, []
+    factors: list[wo.Origin | None] = []  # the replay of `scale` (Module.swap_weights)
     for operand in call.args:
         mul = graph.call(operand, "multiply") if graph.uses[operand] == 1 else None  # type: ignore[index]
         x, s = mul.args if mul is not None else (operand, operand)
@@ -414,11 +419,18 @@ def _scaled_matmul(graph: _Graph, b: g.Binding) -> list[g.Binding] | None:
             args.append(operand)
             continue
         scale *= factor
+        assert isinstance(s, g.Constant)  # `_scalar` took its value
+        factors.append(wo.step("reshape", wo.step("astype", wo.operand(s.data), dtype="float64"),
+                               shape=()))
         args.append(x)
     if all(a is o for a, o in zip(args, call.args)):
         return None
     out = b.var.type
     product = g.Var(f"{b.var.name}_unscaled", out)
     factor_const = g.Constant(np.array(scale, out.dtype))
+    replay = factors[0]
+    for f in factors[1:]:
+        replay = wo.apply("multiply", [replay, f], "float64")
+    wo.record(factor_const.data, wo.step("astype", replay, dtype=factor_const.data.dtype.name))
     return [g.Binding(product, g.Call("matmul", tuple(args), call.attrs, out)),
             g.Binding(b.var, g.Call("multiply", (product, factor_const), {}, out))]

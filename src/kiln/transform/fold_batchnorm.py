@@ -12,7 +12,9 @@ no other use, the chain is folded into the convolution:
 `subtract` of a constant counts as `add` of its negation. A constant is
 per-channel when it broadcasts against the (N, C, spatial...) output along the
 channel dim only: shapes (C, 1, ..., 1), (1, C, 1, ..., 1), (1,) or ().
-The folding is done in float64 and rounded once to the weight dtype.
+The folding is done in float64 and rounded once to the weight dtype. Each step is
+recorded as the replay `Module.swap_weights` runs (kiln.ir.weight_origin): the same
+numpy on the new weights.
 """
 
 from __future__ import annotations
@@ -24,12 +26,20 @@ from typing import Any
 import numpy as np
 
 from kiln.ir import graph as g
+from kiln.ir import weight_origin as wo
 from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
 from kiln.transform.pass_base import FunctionPass
 
 CONV_OPS = ("conv1d", "conv2d", "conv3d")
+
+
+def _vector_origin(c: g.Constant, channels: int) -> wo.Origin | None:
+    """The replay of `_per_channel(c, ...)`."""
+    f64 = wo.step("astype", wo.operand(c.data), dtype="float64")
+    flat = wo.step("reshape", f64, shape=(int(c.data.size),))
+    return wo.step("broadcast_to", flat, shape=(channels,))
 
 
 def _per_channel(c: g.Constant, out: TensorType) -> np.ndarray | None:
@@ -55,6 +65,8 @@ class _Conv:
     call: g.Call
     scale: np.ndarray
     shift: np.ndarray
+    scale_origin: wo.Origin | None  # their replays (kiln.ir.weight_origin)
+    shift_origin: wo.Origin | None
 
 
 @dataclass(frozen=True)
@@ -75,7 +87,9 @@ class FoldBatchNorm(FunctionPass):
                     isinstance(value.args[1], g.Constant) and all(
                         isinstance(a, g.Constant) for a in value.args[2:]):
                 channels = value.args[1].data.shape[0]
-                pending[b.var] = _Conv(value, np.ones(channels), np.zeros(channels))
+                pending[b.var] = _Conv(value, np.ones(channels), np.zeros(channels),
+                                       wo.Full(1.0, "float64", (channels,)),
+                                       wo.Full(0.0, "float64", (channels,)))
                 continue
             step = self._absorb(value, pending, uses)
             if step is not None:
@@ -119,10 +133,15 @@ class FoldBatchNorm(FunctionPass):
         if vec is None:
             return None
         conv = pending[a]
+        vo = _vector_origin(c, len(vec))
         if value.op == "multiply":
-            return a, _Conv(conv.call, conv.scale * vec, conv.shift * vec)
+            return a, _Conv(conv.call, conv.scale * vec, conv.shift * vec,
+                            wo.apply("multiply", [conv.scale_origin, vo], "float64"),
+                            wo.apply("multiply", [conv.shift_origin, vo], "float64"))
         sign = -1.0 if value.op == "subtract" else 1.0
-        return a, _Conv(conv.call, conv.scale, conv.shift + sign * vec)
+        signed = wo.apply("multiply", [wo.value(np.float64(sign)), vo], "float64")
+        return a, _Conv(conv.call, conv.scale, conv.shift + sign * vec, conv.scale_origin,
+                        wo.apply("add", [conv.shift_origin, signed], "float64"))
 
 
 def _folded_call(conv: _Conv) -> g.Call:
@@ -136,6 +155,25 @@ def _folded_call(conv: _Conv) -> g.Call:
         assert isinstance(b, g.Constant)
         bias += b.data.astype(np.float64) * conv.scale
     dtype = w.data.dtype
-    args = (call.args[0], g.Constant(weight.astype(dtype), w.name),
-            g.Constant(bias.astype(dtype)))
-    return g.Call(call.op, args, call.attrs, call.ret_type)
+    new_w, new_b = g.Constant(weight.astype(dtype), w.name), g.Constant(bias.astype(dtype))
+    _record_folded(conv, w, call.args[2] if len(call.args) > 2 else None, new_w, new_b)
+    return g.Call(call.op, (call.args[0], new_w, new_b), call.attrs, call.ret_type)
+
+
+def _record_folded(conv: _Conv, w: g.Constant, b: g.Expr | None, new_w: g.Constant,
+                   new_b: g.Constant) -> None:
+    """Record the replays of the folded weight and bias (`_folded_call`'s arithmetic)."""
+    ndim = w.data.ndim
+    scale = conv.scale_origin
+    column = wo.step("reshape", scale, shape=(-1,) + (1,) * (ndim - 1)) if scale else None
+    f64 = wo.step("astype", wo.operand(w.data), dtype="float64")
+    weight = wo.apply("multiply", [f64, column], "float64")
+    bias = conv.shift_origin
+    if isinstance(b, g.Constant):
+        b64 = wo.step("astype", wo.operand(b.data), dtype="float64")
+        bias = wo.apply("add", [bias, wo.apply("multiply", [b64, scale], "float64")],
+                        "float64")
+    dtype = w.data.dtype.name
+    for const, origin in ((new_w, weight), (new_b, bias)):
+        if origin is not None:
+            wo.record(const.data, wo.step("astype", origin, dtype=dtype))

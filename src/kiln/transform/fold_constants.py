@@ -32,6 +32,7 @@ from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ir.visitor import GraphMutator
 from kiln.ops import evaluate_call
 from kiln.transform.pass_base import FunctionPass
+from kiln.transform.weight_provenance import fold_call
 
 
 class _Substitute(GraphMutator):
@@ -126,9 +127,9 @@ class FoldConstants(FunctionPass):
             folded: g.Expr | None = None
             if isinstance(value, g.Call) and all(isinstance(a, g.Constant) for a in value.args) \
                     and self._within_budget(value):
-                folded = _as_const(evaluate_call(
-                    value.op, [a.data for a in value.args if isinstance(a, g.Constant)],
-                    value.attrs))
+                args = [a.data for a in value.args if isinstance(a, g.Constant)]
+                folded = fold_call(value.op, value.attrs, args,
+                                   _as_const(evaluate_call(value.op, args, value.attrs)))
             elif isinstance(value, g.TupleGetItem) and isinstance(value.tuple_value, g.Tuple) \
                     and _is_const(value.tuple_value):
                 folded = value.tuple_value.fields[value.index]

@@ -52,6 +52,7 @@ from typing import Any
 
 from kiln.errors import UsageError
 from kiln.ir import graph as g
+from kiln.ir import weight_origin as wo
 from kiln.ir.analysis.graph_uses import graph_vars_used
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
@@ -60,7 +61,12 @@ from kiln.kernels.registry import KERNELS
 from kiln.kernels.tiles import tile_lanes, tile_registers, with_lanes
 from kiln.ops import conv_nchwc_depthwise as dw
 from kiln.ops.channel_scale_nchwc import CHANNEL_SCALE
-from kiln.ops.conv_direct import NCHW_INPUT_BLOCK, call_conv_shape, unpack_rows_weight
+from kiln.ops.conv_direct import (
+    NCHW_INPUT_BLOCK,
+    call_conv_shape,
+    unpack_rows_origin,
+    unpack_rows_weight,
+)
 from kiln.ops.layout import blocked_layout
 from kiln.ops.packed_attrs import TILE
 from kiln.ops.pool_nchwc import POOL_NCHWC, POOLS
@@ -365,8 +371,9 @@ class _Rewriter:
         w, channels = c.args[1], c.attrs.get("channels")
         if not isinstance(w, g.Constant) or not isinstance(channels, int):
             return None
-        oihw = unpack_rows_weight(w.data, channels)
-        plain = g.Call("conv2d", (c.args[0], g.Constant(oihw, w.name), *c.args[2:]),
+        oihw = g.Constant(unpack_rows_weight(w.data, channels), w.name)
+        wo.record(oihw.data, unpack_rows_origin(wo.origin_of(w.data), w.data.shape, channels))
+        plain = g.Call("conv2d", (c.args[0], oihw, *c.args[2:]),
                        g.freeze_attrs({k: v for k, v in c.attrs.items()
                                        if k not in (TILE, "channels")}), c.ret_type)
         return self._plain_conv(plain, var)
@@ -429,8 +436,12 @@ class _Rewriter:
         shape = conv_geometry(xt.shape, attrs, tuple(w.data.shape[2:]))
         attrs["tile"] = (choose_tile_width(shape, self.isa),)
         args = [g.Constant(dw.pack_weight(w.data, self.block), w.name)]
+        wo.record(args[0].data, dw.pack_weight_origin(wo.origin_of(w.data), w.data.shape,
+                                                      self.block))
         if bias is not None:
             args.append(g.Constant(dw.pack_bias(bias.data, self.block), bias.name))
+            wo.record(args[1].data, dw.pack_bias_origin(wo.origin_of(bias.data),
+                                                        int(bias.data.shape[0]), self.block))
         return call(dw.NCHWC_DEPTHWISE, x, *args, **attrs)
 
 

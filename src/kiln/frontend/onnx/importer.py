@@ -35,6 +35,7 @@ from kiln.frontend.onnx.shape_values import is_constant, shape_value
 from kiln.frontend.onnx.unsupported_hints import next_steps
 from kiln.frontend.onnx.validate import check_graph, check_shape, itemsize
 from kiln.ir import graph as g
+from kiln.ir import weight_origin as wo
 from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_DIM_NONZERO, ATTR_GIVEN_OUTPUT_NAMES
 from kiln.ir.builder import IRBuilder
 from kiln.ir.dtype import from_numpy, to_numpy
@@ -54,6 +55,7 @@ from kiln.ops.assumptions import assuming_equal
 from kiln.ops.reshape_dims import reshape_attr
 from kiln.transform.dead_code import remove_dead_bindings
 from kiln.transform.fold_constants import DEFAULT_FOLD_BUDGET, type_bytes
+from kiln.transform.weight_provenance import derived, fold_call
 
 SUPPORTED_OPSETS = range(7, 22)
 # Older models are converted to this opset with onnx.version_converter.
@@ -484,6 +486,8 @@ class GraphImporter:
         self._origin: dict[int, tuple[g.Constant, int]] = {}
         # Calls left unfolded for the budget -> why (for "must be a constant" errors).
         self._unfolded: dict[g.Expr, str] = {}
+        # Initializers whose values the import read into the graph's structure.
+        self.baked: set[str] = set()
         self.values: dict[str, g.Expr] = {}
         # Values computed from symbolic dimensions -> their elements as dimensions.
         self.shape_values: dict[g.Expr, np.ndarray] = {}
@@ -525,6 +529,7 @@ class GraphImporter:
     def sub_importer(self, graph: Any) -> GraphImporter:
         """An importer for a subgraph of this graph (an If branch, a Loop body)."""
         sub = GraphImporter(graph, self.opset, self.input_dims, self.max_fold_bytes)
+        sub.baked = self.baked
         sub.functions = self.functions
         sub.function_names = self.function_names
         return sub
@@ -575,9 +580,11 @@ class GraphImporter:
             nbytes = type_bytes(expr.type)
             if nbytes <= max(self.max_fold_bytes, FOLD_GROWTH * origin):
                 folded = op_registry.evaluate_call(op, [a.data for a in consts], expr.attrs)
+                values = [a.data for a in consts]
                 if isinstance(folded, tuple):
-                    return g.Tuple(tuple(self._folded(f, origin) for f in folded))
-                return self._folded(folded, origin)
+                    return fold_call(op, expr.attrs, values,
+                                     g.Tuple(tuple(self._folded(f, origin) for f in folded)))
+                return fold_call(op, expr.attrs, values, self._folded(folded, origin))
             var = self._emit(expr, op)
             self._unfolded[var] = (f"{self._where} computes it at run time: its value of "
                                    f"{nbytes} bytes is above the fold budget of "
@@ -621,7 +628,7 @@ class GraphImporter:
         return self._true_of[key]
 
     def _make_true_of_shape(self, shape: Sequence[Dim]) -> g.Expr:
-        yes = g.Constant(np.array(True))
+        yes = derived(g.Constant(np.array(True)), wo.LITERAL)
         out: g.Expr | None = None
         for k, d in enumerate(shape):
             if isinstance(d, int):
@@ -640,7 +647,7 @@ class GraphImporter:
         that has the size (the input summed over its other axes: any values do), or for a
         sum of such sizes and constants (`past_seq + seq`, a key/value cache followed by
         new tokens) the lines of its terms concatenated."""
-        yes = g.Constant(np.array(True))
+        yes = derived(g.Constant(np.array(True)), wo.LITERAL)
         found = self._input_axis(d)
         if found is not None:
             param, axis = found
@@ -668,7 +675,7 @@ class GraphImporter:
 
     def dims(self, expr: g.Expr | None) -> np.ndarray | None:
         if isinstance(expr, g.Constant):
-            return expr.data
+            return self._read(expr)
         return self.shape_values.get(expr) if expr is not None else None
 
     def _folded(self, value: Any, origin: int) -> g.Constant:
@@ -697,10 +704,17 @@ class GraphImporter:
 
     def const(self, data: np.ndarray | float | int, dtype: str | None = None) -> g.Expr:
         arr = np.asarray(data) if dtype is None else np.asarray(data, dtype=to_numpy(dtype))
-        return g.Constant(arr)
+        return derived(g.Constant(arr), wo.LITERAL)
 
     def value(self, expr: g.Expr | None) -> np.ndarray | None:
-        return expr.data if isinstance(expr, g.Constant) else None
+        return self._read(expr) if isinstance(expr, g.Constant) else None
+
+    def _read(self, const: g.Constant) -> np.ndarray:
+        """`const`'s value, read at import into the graph's structure (an axis, a shape):
+        the weights it comes from are baked into the code (kiln.ir.weight_origin)."""
+        for w in wo.leaves(wo.origin_of(const.data)):
+            self.baked.add(w.name)
+        return const.data
 
     def _with_pin_hint(self, exc: Exception, inputs: Sequence[g.Expr | None]) -> str:
         """The text of `exc`, with the pin hint appended when an op rule refused a symbolic
@@ -747,7 +761,9 @@ class GraphImporter:
             for i, init in enumerate(self.graph.initializer):
                 try:
                     data = self.views[i] if i in self.views else numpy_helper.to_array(init)
-                    self.values[init.name] = g.Constant(data, init.name)
+                    const = g.Constant(data, init.name)
+                    wo.record(const.data, wo.weight(init.name, const.data))
+                    self.values[init.name] = const
                 except Exception as exc:  # onnx raises several types for bad tensors
                     raise FrontendError(f"initializer {_text(init.name)!r} cannot be read: "
                                         f"{type(exc).__name__}: {exc}") from exc
@@ -776,7 +792,16 @@ class GraphImporter:
             main = mod["main"]
             assert isinstance(main, g.Function)
             mod = mod.with_function("main", remove_dead_bindings(main))
-        return mod
+        return mod.with_attrs(**{wo.ATTR_WEIGHTS: self._weights_table()})
+
+    def _weights_table(self) -> tuple[tuple[Any, ...], ...]:
+        """The model's named weights for the replay record (kiln.ir.weight_origin.table)."""
+        rows = []
+        for name in dict.fromkeys(i.name for i in self.graph.initializer):
+            const = self.values.get(name)
+            if isinstance(const, g.Constant):
+                rows.append(wo.table_row(name, const.data, name in self.baked))
+        return tuple(rows)
 
     def _as_result(self, expr: g.Expr, seen: set[g.Expr]) -> g.Expr:
         # Every output is a value computed by main's bindings, and a distinct one:

@@ -17,11 +17,13 @@ split them evenly).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir import weight_origin as wo
 from kiln.ir.dtype import INDEX_DTYPE, itemsize
 from kiln.ir.tensor import (
     Allocate,
@@ -117,6 +119,18 @@ def pack_blocked_weight(w: np.ndarray, groups: int, cb: int) -> np.ndarray:
     padded[:, :cog] = wg
     packed = padded.reshape(groups, blocks, cb, ci, kh, kw).transpose(0, 1, 3, 4, 5, 2)
     return np.ascontiguousarray(packed)
+
+
+def pack_blocked_origin(source: wo.Origin | None, shape: Sequence[int], groups: int,
+                        cb: int) -> wo.Origin | None:
+    """The replay of `pack_blocked_weight` on a weight of `shape`."""
+    co, ci, kh, kw = (int(d) for d in shape)
+    cog = co // groups
+    blocks = -(-cog // cb)
+    grouped = wo.step("reshape", source, shape=(groups, cog, ci, kh, kw))
+    padded = wo.padded(grouped, (groups, cog, ci, kh, kw), 1, blocks * cb)
+    split = wo.step("reshape", padded, shape=(groups, blocks, cb, ci, kh, kw))
+    return wo.step("transpose", split, perm=(0, 1, 3, 4, 5, 2))
 
 
 def blocked_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimExpr,

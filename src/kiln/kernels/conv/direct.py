@@ -17,6 +17,7 @@ from kiln.kernels.conv.blocked import (
     Tiling,
     blocked_conv_body,
     choose_tiling,
+    pack_blocked_origin,
     pack_blocked_weight,
     subsamples,
 )
@@ -221,7 +222,8 @@ class DirectConv(Family):
         assert shape is not None and isinstance(w, g.Constant)
         cb, tile_w = tile
         return packed_call(self.op, call, pack_blocked_weight(w.data, shape.groups, cb),
-                           (cb, tile_w), shape.c_out)
+                           (cb, tile_w), shape.c_out,
+                           lambda o: pack_blocked_origin(o, w.data.shape, shape.groups, cb))
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:

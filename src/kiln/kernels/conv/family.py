@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kiln.ir import graph as g
+from kiln.ir import weight_origin as wo
 from kiln.ir.attrs import ATTR_CONV_KERNEL, ATTR_NO_SLP
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt
 from kiln.kernels.epilogue import fused_store
@@ -41,14 +42,18 @@ def vector_widths(out_w: int, lanes: int, most: int = 4) -> list[int]:
 
 
 def packed_call(op: str, call: g.Call, packed: Any, tile: tuple[int, ...],
-                channels: int | None) -> g.Call:
+                channels: int | None, origin: Any = None) -> g.Call:
     """`call` as a call of `op` on the weight `packed` (None: the weight as it is), the
-    tile (and the real output channel count) recorded in its attributes."""
+    tile (and the real output channel count) recorded in its attributes. `origin` maps
+    the weight's replay (kiln.ir.weight_origin) to the packed one's: `origin(source)`."""
     args = list(call.args)
     if packed is not None:
         w = call.args[1]
         assert isinstance(w, g.Constant)
-        args[1] = g.Constant(packed, w.name)
+        packed_w = g.Constant(packed, w.name)
+        if origin is not None:
+            wo.record(packed_w.data, origin(wo.origin_of(w.data)))
+        args[1] = packed_w
     attrs: dict[str, Any] = {**dict(call.attrs), TILE: tile}
     if channels is not None:
         attrs["channels"] = channels

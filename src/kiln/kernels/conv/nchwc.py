@@ -18,9 +18,16 @@ from typing import Any
 import numpy as np
 
 from kiln.ir import graph as g
+from kiln.ir import weight_origin as wo
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ir.types import TensorType
-from kiln.kernels.conv.blocked import MAX_POSITION_WASTE, Tiling, choose_tiling, pack_blocked_weight
+from kiln.kernels.conv.blocked import (
+    MAX_POSITION_WASTE,
+    Tiling,
+    choose_tiling,
+    pack_blocked_origin,
+    pack_blocked_weight,
+)
 from kiln.kernels.conv.direct import DirectConv, blocked_body, choose_k_blocking
 from kiln.kernels.conv.family import build_conv
 from kiln.kernels.conv.ksegments import ConvKBlocking
@@ -28,7 +35,12 @@ from kiln.kernels.conv.pointwise import PointwiseSchedule, pointwise_body
 from kiln.kernels.registry import fits_registers
 from kiln.kernels.tiles import Epilogue, tile_lanes, tile_registers
 from kiln.ops import spatial
-from kiln.ops.conv_direct import call_conv_shape, nchwc_block, unpack_blocked_weight
+from kiln.ops.conv_direct import (
+    call_conv_shape,
+    nchwc_block,
+    unpack_blocked_origin,
+    unpack_blocked_weight,
+)
 from kiln.ops.conv_geometry import ConvShape
 from kiln.ops.packed_attrs import TILE, recorded_tile
 from kiln.ops.registry import call as make_call
@@ -175,6 +187,8 @@ class NchwcConv(DirectConv):
             if tile is not None and tile != call.attrs.get(TILE):
                 w = unpack_blocked_weight(np.asarray(wp.data), channels)
                 packed = g.Constant(pack_blocked_weight(w, 1, tile[0]), wp.name)
+                plain = unpack_blocked_origin(wo.origin_of(wp.data), wp.data.shape, channels)
+                wo.record(packed.data, pack_blocked_origin(plain, w.shape, 1, tile[0]))
                 return make_call(self.op, call.args[0], packed, *call.args[2:],
                                  **{**call.attrs, TILE: tile})
         return make_call(self.op, *call.args, **call.attrs)

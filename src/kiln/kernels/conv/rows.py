@@ -17,6 +17,7 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import graph as g
+from kiln.ir import weight_origin as wo
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
@@ -152,7 +153,7 @@ class RowsConv(Family):
         w = call.args[1]
         assert shape is not None and isinstance(w, g.Constant)
         return packed_call(self.op, call, pack_rows_weight(w.data, tile[0]), tuple(tile),
-                           shape.c_out)
+                           shape.c_out, lambda o: pack_rows_origin(o, w.data.shape, tile[0]))
 
     @staticmethod
     def _rule(call: g.Call, isa: ISA) -> tuple[int, int, int]:
@@ -194,6 +195,16 @@ def pack_rows_weight(w: np.ndarray, rows: int = ROW_TILE_CHANNELS) -> np.ndarray
     padded[:co] = w
     return np.ascontiguousarray(
         padded.reshape(blocks, rows, ci, kh, kw).transpose(0, 2, 3, 4, 1))
+
+
+def pack_rows_origin(source: wo.Origin | None, shape: Sequence[int], rows: int
+                     ) -> wo.Origin | None:
+    """The replay of `pack_rows_weight` on a weight of `shape`."""
+    co, ci, kh, kw = (int(d) for d in shape)
+    blocks = -(-co // rows)
+    padded = wo.padded(source, shape, 0, blocks * rows)
+    return wo.step("transpose", wo.step("reshape", padded, shape=(blocks, rows, ci, kh, kw)),
+                   perm=(0, 2, 3, 4, 1))
 
 
 def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w: int,

@@ -40,6 +40,7 @@ import numpy as np
 
 from kiln.errors import UsageError
 from kiln.ir import graph as g
+from kiln.ir import weight_origin as wo
 from kiln.ir.attrs import ATTR_CONV_KERNEL
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
@@ -97,6 +98,18 @@ def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
     taps = np.ascontiguousarray(w.astype(np.float64).reshape(o * i, 9).T)
     u = np.dot(np.kron(g, g), taps)
     return u.astype(w.dtype).reshape((m + 2) ** 2, o, i)
+
+
+def weight_transform_origin(source: wo.Origin | None, w: np.ndarray, m: int
+                            ) -> wo.Origin | None:
+    """The replay of `weight_transform(w, m)`: the same float64 product (numpy's dot)."""
+    _, g_matrix, _ = matrices(m)
+    o, i = (int(d) for d in w.shape[:2])
+    taps = wo.step("transpose", wo.step("reshape", wo.step("astype", source, dtype="float64"),
+                                        shape=(o * i, 9)), perm=(1, 0))
+    u = wo.apply("dot", [wo.value(np.kron(g_matrix, g_matrix)), taps], "float64")
+    return wo.step("reshape", wo.step("astype", u, dtype=w.dtype.name),
+                   shape=((m + 2) ** 2, o, i))
 
 
 def takes(c_in: int, c_out: int, block: int) -> bool:
@@ -501,7 +514,8 @@ class WinogradConv(Family):
         w = call.args[1]
         assert isinstance(w, g.Constant)
         return packed_call(self.op, call, weight_transform(np.asarray(w.data), tile[0]),
-                           tuple(tile), None)
+                           tuple(tile), None,
+                           lambda o: weight_transform_origin(o, w.data, tile[0]))
 
     def offered_tiles(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
         """The tiles tuning tries when another family's call may take this one: the

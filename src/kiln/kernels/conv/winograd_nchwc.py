@@ -32,6 +32,7 @@ from typing import Any, cast
 import numpy as np
 
 from kiln.ir import graph as g
+from kiln.ir import weight_origin as wo
 from kiln.ir.attrs import ATTR_CONV_KERNEL, ATTR_NO_SLP
 from kiln.ir.tensor import (
     Allocate,
@@ -80,6 +81,16 @@ def pack_panels(u: np.ndarray, nr: int) -> np.ndarray:
     the GEMM kernel's B panels (kiln.ops.gemm.pack_b), output channels
     zero-padded."""
     return np.stack([pack_b(up.T, nr) for up in u])
+
+
+def pack_panels_origin(source: wo.Origin | None, shape: Sequence[int], nr: int
+                       ) -> wo.Origin | None:
+    """The replay of `pack_panels` on a `u` of `shape` `[a*a][O][C]`."""
+    a2, o, c = (int(d) for d in shape)
+    panels = -(-o // nr)
+    moved = wo.padded(wo.step("transpose", source, perm=(0, 2, 1)), (a2, c, o), 2, panels * nr)
+    return wo.step("transpose", wo.step("reshape", moved, shape=(a2, c, panels, nr)),
+                   perm=(0, 2, 1, 3))
 
 
 def gemm_tile(shape: ConvShape, m: int, isa: ISA) -> tuple[int, int]:
@@ -207,6 +218,7 @@ class WinogradNchwc(Family):
                                  "channels": shape.c_out}
 
         packed = g.Constant(pack_panels(np.asarray(u.data), nr), u.name)
+        wo.record(packed.data, pack_panels_origin(wo.origin_of(u.data), u.data.shape, nr))
         return make_call(self.op, call.args[0], packed, *call.args[2:], **attrs)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from kiln.ir import graph as g
+from kiln.ir import weight_origin as wo
 from kiln.ir.attrs import ATTR_GEMM_KERNEL
 from kiln.ir.dtype import itemsize
 from kiln.ir.tensor import PrimFunc
@@ -100,6 +101,10 @@ class PackedGemm(Family):
         data = b.data.T if call.attrs.get("transpose_b") else b.data
         mr, nr = tile
         packed = g.Constant(pack_b(data, nr), b.name)
+        source = wo.origin_of(b.data)  # the replay of the packing (Module.swap_weights)
+        if call.attrs.get("transpose_b"):
+            source = wo.step("transpose", source, perm=(1, 0))
+        wo.record(packed.data, wo.pack_panels(source, data.shape, nr))
         return g.Call(self.op, (a, packed), g.freeze_attrs({"n": data.shape[1],
                                                             TILE: (mr, nr)}), call.ret_type)
 

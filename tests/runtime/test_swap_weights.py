@@ -1,0 +1,274 @@
+"""Module.swap_weights: new weights into a loaded library, without the compiler.
+
+One small ONNX model (a Gemm with a transposed B, a MatMul, a MatMul by a Transpose
+of a weight that import folds, and a Reshape by a shape initializer, which the code
+bakes in) is compiled once per codegen with its weights and once with new ones; the
+library of the first, given the new weights, must answer bit for bit what the second
+does (its transforms are exact: transposes, panel packing), embedded and external. A
+small CNN covers folded batch norms and packed convolution filters; the call guard's
+pause is checked on its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import kiln
+from kiln.cli.inspect import cmd_inspect
+from kiln.errors import ArgumentTypeError, CallError, FormatError, UsageError
+from kiln.runtime import load_module
+from kiln.runtime.lifetime import CallGuard
+from kiln.runtime.onnx_weights import read_onnx_weights
+from kiln.runtime.swap import check_source
+from support.graphs import GraphBuilder
+from support.reference import onnxruntime_outputs
+
+X = np.random.default_rng(60).standard_normal((4, 32)).astype(np.float32)
+
+
+def model() -> onnx.ModelProto:
+    b = GraphBuilder(seed=60)
+    h = b.op("Relu", b.linear(b.input("x", [4, 32]), 32, 48))
+    h = b.op("MatMul", h, b.weight(48, 24))
+    h = b.op("MatMul", h, b.op("Transpose", b.weight(16, 24), perm=[1, 0]))
+    y = b.op("Reshape", h, b.const(np.array([2, 32], np.int64), "shape"))
+    b.output(y, [2, 32])
+    return b.model()
+
+
+def weights(m: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+
+
+def with_weights(m: onnx.ModelProto, new: dict[str, np.ndarray]) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    for init in out.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(new[init.name], init.name))
+    return out
+
+
+OLD = model()
+NEW = {k: (v + np.random.default_rng(1).standard_normal(v.shape).astype(v.dtype)
+           if v.dtype == np.float32 else v) for k, v in weights(OLD).items()}
+NEW_MODEL = with_weights(OLD, NEW)
+SHAPE = next(name for name in NEW if name.startswith("shape"))  # the Reshape's, baked
+
+
+@pytest.fixture(scope="module", params=["llvm", "c"])
+def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+          ) -> dict[str, Any]:
+    """The old model's library (embedded and external) and the new model's answer, for
+    codegen `request.param`."""
+    tmp = tmp_path_factory.mktemp(f"swap_{request.param}")
+    ex = kiln.compile(OLD, request.param)
+    fresh = kiln.compile(NEW_MODEL, request.param).export_library(tmp / "new.so")
+    with load_module(fresh) as lib:
+        want = lib["main"](X)
+    return {"embedded": ex.export_library(tmp / "emb.so"),
+            "external": ex.export_library(tmp / "ext.so", weights="external"),
+            "old": ex.jit()["main"](X), "new": want}
+
+
+def test_the_new_weights_compute_what_a_fresh_compile_does(built):
+    np.testing.assert_allclose(built["new"], onnxruntime_outputs(NEW_MODEL, {"x": X})[0],
+                               rtol=1e-4, atol=1e-4)
+    for mode in ("embedded", "external"):
+        with load_module(built[mode]) as lib:
+            assert lib["main"](X).tobytes() == built["old"].tobytes()
+            lib.swap_weights(NEW)
+            assert lib["main"](X).tobytes() == built["new"].tobytes(), mode
+            lib.swap_weights(OLD)  # back, from the ModelProto
+            assert lib["main"](X).tobytes() == built["old"].tobytes(), mode
+        with load_module(built[mode]) as again:  # the file is not changed
+            assert again["main"](X).tobytes() == built["old"].tobytes()
+
+
+def test_inspect_lists_the_transforms_the_library_replays(built):
+    for mode in ("embedded", "external"):
+        assert ("transforms replayable: pad, reshape, transpose (Module.swap_weights "
+                "rebuilds every constant)") in cmd_inspect(str(built[mode]), None, None)
+
+
+def test_weights_from_onnx_and_npz_files(built, tmp_path):
+    onnx.save(NEW_MODEL, tmp_path / "new.onnx")
+    np.savez(tmp_path / "new.npz", **NEW)
+    with load_module(built["embedded"]) as lib:
+        lib.swap_weights(tmp_path / "new.onnx")
+        assert lib["main"](X).tobytes() == built["new"].tobytes()
+        lib.swap_weights(OLD)
+        lib.swap_weights(str(tmp_path / "new.npz"))
+        assert lib["main"](X).tobytes() == built["new"].tobytes()
+
+
+def test_the_onnx_reader_reads_what_onnx_writes(tmp_path):
+    b = GraphBuilder(seed=3)
+    arrays = {"f16": np.arange(6, dtype=np.float16).reshape(2, 3),
+              "i8": np.array([-3, 4], np.int8), "i64": np.array([-1, 7], np.int64),
+              "f64": np.array([0.5, -2.0]), "big": np.ones((3, 5), np.float32)}
+    for name, value in arrays.items():
+        b.const(value, name=name)
+    typed = onnx.ModelProto()  # typed fields (float_data, int32_data...), not raw_data
+    typed.CopyFrom(b.model([], [], check=False))
+    for init in typed.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(arrays[init.name], init.name))
+        value = numpy_helper.to_array(init)
+        init.ClearField("raw_data")
+        field = {np.float32: "float_data", np.float64: "double_data",
+                 np.int64: "int64_data"}.get(value.dtype.type, "int32_data")
+        data = value.view(np.uint16) if value.dtype == np.float16 else value
+        getattr(init, field).extend(data.reshape(-1).tolist())
+    for m in (b.model([], [], check=False), typed):
+        got = read_onnx_weights(m.SerializeToString(), "test")
+        assert set(got) == set(arrays)
+        for name, value in arrays.items():
+            assert got[name].dtype == value.dtype and np.array_equal(got[name], value), name
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda w: w.pop(next(iter(w))), r"'w_1' is missing"),
+    (lambda w: w.update(w_1=np.zeros((32, 48), np.float32)), r"'w_1' is float32\[32, 48\]"),
+    (lambda w: w.update(w_1=np.zeros((48, 32), np.float64)), r"'w_1' is float64\[48, 32\]"),
+    (lambda w: w.update(extra=np.zeros(3, np.float32)), r"'extra'.*not weights of this model"),
+    (lambda w: w.update({SHAPE: np.array([4, 16], np.int64)}), r"'shape\w*' differs.*compile"),
+])
+def test_weights_that_do_not_fit_are_refused_and_nothing_changes(built, change, message):
+    new = dict(NEW)
+    change(new)
+    with load_module(built["embedded"]) as lib:
+        with pytest.raises(UsageError, match=message):
+            lib.swap_weights(new)
+        assert lib["main"](X).tobytes() == built["old"].tobytes()
+
+
+def test_sources_of_other_kinds_are_refused(built, tmp_path):
+    with load_module(built["embedded"]) as lib:
+        with pytest.raises(ArgumentTypeError, match="source must be"):
+            lib.swap_weights(42)
+        with pytest.raises(UsageError, match="is not a file"):
+            lib.swap_weights(tmp_path / "missing.onnx")
+        (tmp_path / "bad.npz").write_bytes(b"not a zip")
+        with pytest.raises(FormatError, match=r"not a readable \.npz"):
+            lib.swap_weights(tmp_path / "bad.npz")
+        with pytest.raises(FormatError):
+            lib.swap_weights(b"\xff\xff\xff")  # not an ONNX model
+
+
+def test_a_constant_without_a_replay_is_named_and_refused(tmp_path):
+    b = GraphBuilder(seed=4)
+    w = b.op("Exp", b.weight(8, 8))  # folded at import, by a function with no replay
+    b.output(b.op("MatMul", b.input("x", [2, 8]), w), [2, 8])
+    m = b.model()
+    path = kiln.compile(m, "llvm").export_library(tmp_path / "mul.so")
+    with load_module(path) as lib, pytest.raises(UsageError, match=r"folded exp"):
+        lib.swap_weights(weights(m))
+    assert "transforms replayable: none (1 constant(s) made by transforms without a replay" \
+        in cmd_inspect(str(path), None, None)
+
+
+def test_calls_in_flight_see_the_old_or_the_new_weights(built):
+    answers = {built["old"].tobytes(), built["new"].tobytes()}
+    seen: list[bytes] = []
+    stop = threading.Event()
+    with load_module(built["external"]) as lib:
+        fn = lib["main"]
+
+        def call() -> None:
+            while not stop.is_set():
+                seen.append(fn(X).tobytes())
+
+        threads = [threading.Thread(target=call) for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            for k in range(10):
+                lib.swap_weights(NEW if k % 2 == 0 else OLD)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+    assert seen and set(seen) <= answers
+
+
+def test_a_library_without_named_weights_says_so(tmp_path):
+    ib = kiln.ir.IRBuilder()
+    with ib.function("main"):
+        x = ib.param("x", (2, 3), "float32")
+        ib.ret(ib.emit(kiln.ops.call("matmul", x, kiln.ir.graph.Constant(
+            np.ones((3, 3), np.float32), "w")), "y"))
+    path: Path = kiln.compile(ib.get(), "llvm").export_library(tmp_path / "ir.so")
+    with load_module(path) as lib, pytest.raises(UsageError, match="records no replay"):
+        lib.swap_weights({"w": np.zeros((3, 3), np.float32)})
+
+
+def cnn() -> onnx.ModelProto:
+    """Convolutions with batch norms (folded into them), a depthwise one (NCHWc packed)
+    and 3x3 ones on 32 channels (Winograd where the target takes it)."""
+    b = GraphBuilder(seed=61)
+    h = b.op("Relu", b.bn(b.conv(b.input("img", [1, 8, 16, 16]), 8, 32, 3), 32))
+    h = b.op("Relu", b.bn(b.conv(h, 32, 32, 3, group=32), 32))
+    h = b.op("Relu", b.bn(b.conv(h, 32, 32, 3), 32))
+    b.output(b.conv(h, 32, 16, 1), [1, 16, 16, 16])
+    return b.model()
+
+
+def test_folded_batch_norms_and_packed_filters_replay(tmp_path):
+    old = cnn()
+    rng = np.random.default_rng(2)
+    new = {k: np.abs(v * (1 + 0.2 * rng.standard_normal(v.shape))).astype(v.dtype)
+           if v.dtype == np.float32 else v for k, v in weights(old).items()}
+    img = rng.standard_normal((1, 8, 16, 16)).astype(np.float32)
+    with load_module(kiln.compile(with_weights(old, new), "llvm").export_library(
+            tmp_path / "new.so")) as fresh:
+        want = fresh["main"](img)
+    with load_module(kiln.compile(old, "llvm").export_library(tmp_path / "old.so")) as lib:
+        record = lib.artifacts[[a.file_name for a in lib.artifacts].index("constants.bin")]
+        assert "apply" in str(record.metadata["replay"])  # the folded batch norms
+        lib.swap_weights(new)
+        assert lib["main"](img).tobytes() == want.tobytes()
+
+
+def test_a_paused_guard_holds_new_calls_until_resume_and_close_still_closes():
+    guard = CallGuard("the test library")
+    guard.enter("f")  # a call in flight
+    paused = threading.Thread(target=guard.pause)
+    paused.start()
+    paused.join(0.2)
+    assert paused.is_alive()  # pause waits for the call in flight
+    guard.exit()
+    paused.join()
+    started = threading.Event()
+
+    def call() -> None:
+        guard.enter("g")
+        started.set()
+        guard.exit()
+
+    waiting = threading.Thread(target=call)
+    waiting.start()
+    assert not started.wait(0.2)  # held while paused
+    guard.resume()
+    assert started.wait(5)
+    waiting.join()
+    guard.pause()
+    guard.close()  # a close during a pause ends closed
+    guard.resume()
+    with pytest.raises(CallError, match="closed"):
+        guard.enter("h")
+
+
+def test_a_large_unused_weight_cannot_be_checked_so_it_must_be_left_out():
+    record = {"weights": {"w": {"dtype": "float32", "shape": [2]},
+                          "big": {"dtype": "float32", "shape": [3], "fixed": True,
+                                  "sha256": None}}}
+    w = np.zeros(2, np.float32)
+    assert check_source(record, {"w": w}) == []
+    (problem,) = check_source(record, {"w": w, "big": np.zeros(3, np.float32)})
+    assert "'big' is not rebuilt by the library" in problem and "leave it out" in problem
