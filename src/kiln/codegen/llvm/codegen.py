@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import platform
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +11,7 @@ from kiln.artifact import Artifact
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.cpu_requirements import feature_rows
 from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
+from kiln.codegen.llvm import parts
 from kiln.codegen.llvm.bf16_dot import bf16_dot_lanes
 from kiln.codegen.llvm.lower_to_llvm import (
     C_LIBRARY_HEAP,
@@ -17,6 +20,7 @@ from kiln.codegen.llvm.lower_to_llvm import (
     LoweringOptions,
     lower_module,
 )
+from kiln.codegen.llvm.split import split_module
 from kiln.codegen.llvm.target_machine import (
     MachineConfig,
     llvm_binding,
@@ -32,6 +36,7 @@ from kiln.ir.steps import timed_step
 from kiln.target.isa import isa_of
 
 CODEGEN_ID = "llvm"
+_OFF = ("0", "false", "no", "off")
 
 
 @dataclass
@@ -118,16 +123,12 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     when `pool` holds constants, `constants.bin` (symbol `{prefix}_consts`).
     """
 
-    with timed_step("codegen.lower_optimize"):
-        compiled = compile_module(mod, target, prefix=prefix, pool=pool)
-    config, lowered = compiled.config, compiled.lowered
+    config, tm, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=False)
     meta = _metadata(config, lowered)
-    with timed_step("codegen.emit_object"):
-        try:
-            obj = bytes(compiled.target_machine.emit_object(compiled.module))
-        except RuntimeError as err:
-            raise CompileError(f"LLVM could not emit the object code: {err}") from None
-        bitcode = bytes(compiled.module.as_bitcode())
+    if compiles_in_parts(config):
+        obj, bitcode = _compile_in_parts(lowered, config)
+    else:
+        obj, bitcode = _compile_whole(lowered, config, tm)
     libs = sorted({lib for d in meta["extern_dependencies"] for lib in d.get("libs", ())})
     if not _bare_metal(config):
         libs = sorted({*libs, "-lm"})  # the kernels may call the C math library
@@ -140,11 +141,50 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
                      cflags=host_flags,
                      cpu_features=feature_rows(config.triple, meta["requires_features"])),
     ]
-    del compiled, obj  # LLVM's module, its context and the machine code are no longer needed
+    del obj  # the machine code is no longer needed
     if len(pool):
         with timed_step("codegen.constants"):
             artifacts.append(pool.artifact(CODEGEN_ID, prefix))
     return artifacts
+
+
+def _compile_whole(lowered: LoweredModule, config: MachineConfig,
+                   tm: Any) -> tuple[bytes, bytes]:
+    """(object, bitcode) of the lowered module compiled as one LLVM module."""
+    with timed_step("codegen.parse"):
+        llvm_mod = parse_and_verify(str(lowered.module), context=llvm_binding().create_context())
+    with timed_step("codegen.optimize"):
+        optimize(llvm_mod, tm, config.opt_level)
+        llvm_mod.verify()
+    with timed_step("codegen.emit_object"):
+        try:
+            obj = bytes(tm.emit_object(llvm_mod))
+        except RuntimeError as err:
+            raise CompileError(f"LLVM could not emit the object code: {err}") from None
+        return obj, bytes(llvm_mod.as_bitcode())
+
+
+def compiles_in_parts(config: MachineConfig) -> bool:
+    """Whether the module is compiled in parts (kiln.codegen.llvm.split): for a hosted
+    target of this machine's architecture, whose objects this machine's `ld` joins."""
+    arch = platform.machine().lower()
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
+    return (config.reloc == "pic" and config.arch == arch and parts.linker() is not None
+            and os.environ.get("KILN_CODEGEN_PARTS", "1").strip().lower() not in _OFF)
+
+
+def _compile_in_parts(lowered: LoweredModule, config: MachineConfig) -> tuple[bytes, bytes]:
+    """(object, bitcode) of the lowered module compiled part by part: in parallel, through
+    the kernel cache, repeated kernels once (kiln.codegen.llvm.parts)."""
+    with timed_step("codegen.split"):
+        pieces = split_module(lowered.module)
+    with timed_step("codegen.parts"):
+        results = parts.compile_parts(pieces, config)
+    if len(results) == 1:
+        return results[0][0], results[0][1]
+    with timed_step("codegen.join"):
+        return (parts.join_objects([r[0] for r in results], str(parts.linker())),
+                parts.join_bitcode([r[1] for r in results]))
 
 
 def _bare_metal(config: MachineConfig) -> bool:
