@@ -24,6 +24,7 @@ from kiln.codegen.llvm import codegen as llvm_codegen
 from kiln.codegen.llvm import parts, split
 from kiln.codegen.llvm.target_machine import llvm_binding, optimize, parse_and_verify
 from kiln.frontend import from_onnx
+from kiln.runtime import native
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 
@@ -111,11 +112,23 @@ def test_every_kernel_is_optimised_as_in_the_whole_module(built: dict) -> None:
         name for name in got if got[name] != want[name])
 
 
-def test_parts_compute_what_onnxruntime_computes(built: dict) -> None:
+def test_parts_compute_what_onnxruntime_computes(built: dict,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """... and the load compiles no C: host.c's object was compiled during codegen."""
     ex = built["ex"]
     assert [a.file_name for a in ex.artifacts if a.file_name.endswith(".o")] == ["kernels.o"]
+    commands: list[str] = []
+    run_all = native._run_all
+
+    def spy(jobs: list[tuple[list[str], str]]) -> None:
+        commands.extend(what for _cmd, what in jobs)
+        run_all(jobs)
+
+    monkeypatch.setattr(native, "_run_all", spy)
+    got = ex["main"](X)
+    assert not [c for c in commands if c.startswith("compiling")], commands
     (expected,) = onnxruntime_outputs(model(), {"x": X})
-    np.testing.assert_allclose(ex["main"](X), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
 def _kernels_o(seed: int, target: kiln.Target | None = None) -> bytes:

@@ -33,6 +33,7 @@ from kiln.codegen.sizes import check_buffer_sizes
 from kiln.errors import CompileError
 from kiln.ir.module import IRModule
 from kiln.ir.steps import timed_step
+from kiln.runtime.native import precompile_c
 from kiln.target.isa import isa_of
 
 CODEGEN_ID = "llvm"
@@ -123,23 +124,29 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     when `pool` holds constants, `constants.bin` (symbol `{prefix}_consts`).
     """
 
+    config = machine_config(target)
+    # Firmware has no threads: host.c's parallel loops then run serially.
+    host_flags = [*DEFAULT_HOST_CFLAGS, "-DKILN_NO_THREADS"] if _bare_metal(config) else None
+    host = codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
+                        cflags=host_flags, cpu_features=feature_rows(
+                            config.triple, config.to_json()["requires_features"]))
+    in_parts = compiles_in_parts(config)
+    if in_parts:  # this machine's cc builds host.c meanwhile, for the library's load
+        with timed_step("codegen.start_host_cc"):
+            precompile_c(host)
     config, tm, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=False)
     meta = _metadata(config, lowered)
-    if compiles_in_parts(config):
+    if in_parts:
         obj, bitcode = _compile_in_parts(lowered, config)
     else:
         obj, bitcode = _compile_whole(lowered, config, tm)
     libs = sorted({lib for d in meta["extern_dependencies"] for lib in d.get("libs", ())})
     if not _bare_metal(config):
         libs = sorted({*libs, "-lm"})  # the kernels may call the C math library
-    # Firmware has no threads: host.c's parallel loops then run serially.
-    host_flags = [*DEFAULT_HOST_CFLAGS, "-DKILN_NO_THREADS"] if _bare_metal(config) else None
     artifacts = [
         Artifact(CODEGEN_ID, "native", "kernels.o", obj, {**meta, "libs": libs}),
         Artifact(CODEGEN_ID, "none", "kernels.bc", bitcode, {**meta, "format": "llvm-bitcode"}),
-        codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
-                     cflags=host_flags,
-                     cpu_features=feature_rows(config.triple, meta["requires_features"])),
+        host,
     ]
     del obj  # the machine code is no longer needed
     if len(pool):
