@@ -70,9 +70,8 @@ def compile_module(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPoo
     """Lower, verify and optimise `mod` for `target` (any object with `.get`).
 
     One LLVM module on the calling thread, in an LLVMContext of its own (freed with
-    the module): llvmlite runs every call into LLVM under one process-wide lock and
-    offers no public way around it, so threads could not optimise parts of a module
-    at once (docs/codegen-llvm.md, "One module, one thread")."""
+    the module): the llvmjit backend's way, and the llvm backend's where it cannot
+    compile in parts on every core (docs/codegen-llvm.md, "Parts on every core")."""
 
     config, tm, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=jit)
     with timed_step("codegen.parse"):
