@@ -115,13 +115,13 @@ def _inlined_helper(fn: Any) -> bool:
     return fn.linkage in _INTERNAL and "alwaysinline" in fn.attributes
 
 
-def _may_inline(caller_text: str, callee: Any) -> bool:
-    """Whether some reference to `callee` in `caller_text` is a call LLVM may inline."""
-    if "noinline" in callee.attributes:
-        return False
-    ref = f'@"{callee.name}"('
-    return any(ref in line and not line.rstrip().endswith("noinline")
-               for line in caller_text.splitlines() if ref in line)
+def _inlinable_calls(text: str) -> set[str]:
+    """The functions `text` calls at some call site that is not `noinline`."""
+    out: set[str] = set()
+    for line in text.splitlines():
+        if "call " in line and not line.rstrip().endswith("noinline"):
+            out.update(name for name in _GLOBAL_REF.findall(line) if f'@"{name}"(' in line)
+    return out
 
 
 def _groups(m: _Module) -> tuple[list[list[str]], dict[str, set[str]]]:
@@ -132,11 +132,13 @@ def _groups(m: _Module) -> tuple[list[list[str]], dict[str, set[str]]]:
     for name, fn in m.functions.items():
         if _inlined_helper(fn):
             continue
+        inlinable = _inlinable_calls(m.texts[name])
         for other in refs[name]:
             callee = m.functions.get(other)
             if callee is None or _inlined_helper(callee):
                 continue
-            if callee.linkage in _INTERNAL or _may_inline(m.texts[name], callee):
+            if callee.linkage in _INTERNAL or (other in inlinable
+                                               and "noinline" not in callee.attributes):
                 sets.union(name, other)
     parts: dict[str, list[str]] = {}
     for name, fn in m.functions.items():
