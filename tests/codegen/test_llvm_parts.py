@@ -59,9 +59,9 @@ def built() -> dict[str, object]:
     machine configuration."""
     seen: dict[str, object] = {}
 
-    def spy(lowered_module: object, config: object) -> tuple[bytes, bytes]:
+    def spy(lowered_module: object, config: object, host: object) -> tuple[bytes, bytes]:
         seen["lowered"], seen["config"] = lowered_module, config
-        return real(lowered_module, config)
+        return real(lowered_module, config, host)
 
     real = llvm_codegen._compile_in_parts
     with pytest.MonkeyPatch.context() as mp:

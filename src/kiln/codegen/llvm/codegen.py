@@ -129,14 +129,10 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     host = codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
                         cflags=host_flags, cpu_features=feature_rows(
                             config.triple, config.to_json()["requires_features"]))
-    in_parts = compiles_in_parts(config)
-    if in_parts:  # this machine's cc builds host.c meanwhile, for the library's load
-        with timed_step("codegen.start_host_cc"):
-            precompile_c(host)
     config, tm, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=False)
     meta = _metadata(config, lowered)
-    if in_parts:
-        obj, bitcode = _compile_in_parts(lowered, config)
+    if compiles_in_parts(config):
+        obj, bitcode = _compile_in_parts(lowered, config, host)
     else:
         obj, bitcode = _compile_whole(lowered, config, tm)
     libs = sorted({lib for d in meta["extern_dependencies"] for lib in d.get("libs", ())})
@@ -179,11 +175,17 @@ def compiles_in_parts(config: MachineConfig) -> bool:
             and os.environ.get("KILN_CODEGEN_PARTS", "1").strip().lower() not in _OFF)
 
 
-def _compile_in_parts(lowered: LoweredModule, config: MachineConfig) -> tuple[bytes, bytes]:
+def _compile_in_parts(lowered: LoweredModule, config: MachineConfig,
+                      host: Artifact) -> tuple[bytes, bytes]:
     """(object, bitcode) of the lowered module compiled part by part: in parallel, through
-    the kernel cache, repeated kernels once (kiln.codegen.llvm.parts)."""
+    the kernel cache (kiln.codegen.llvm.parts). A module of several parts (a large
+    model) has this machine's cc build `host` meanwhile, for the library's load: it
+    takes a core when the parts leave one free (the graph function's part, the join)."""
     with timed_step("codegen.split"):
         pieces = split_module(lowered.module)
+    if len(pieces) > 1:
+        with timed_step("codegen.start_host_cc"):
+            precompile_c(host)
     with timed_step("codegen.parts"):
         results = parts.compile_parts(pieces, config)
     if len(results) == 1:
