@@ -35,7 +35,13 @@ passes, kiln's lowering to LLVM IR, LLVM's parse, optimization and object emissi
 the rest of the codegen step (the target machine, host.c's source, the bitcode), the C
 compiler on host.c (the packed entries), the link, and the compile cache (the model's
 fingerprint, the store into the empty cache); `other` is what the named stages leave of
-the total (lazy imports, LLVM's set-up, the constant pool, the loader).
+the total (lazy imports, LLVM's set-up, the constant pool, the loader); `cpu` the CPU
+seconds of the process and its children (LLVM's worker processes, cc, ld), which a
+loaded machine disturbs less than the wall clock. On this machine's architecture the
+LLVM module is compiled in parts on every core (`LLVM split`, `LLVM parts`, `LLVM
+join`; kiln.codegen.llvm.parts), else as one module (`LLVM parse`, `optimize`, `emit`).
+`--kernels-warm` measures each model with its kernels already in the kernel cache
+(kiln.codegen.kernel_cache), as a rebuild after a change of weights finds them.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -139,12 +146,19 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("cache", ("step:fingerprint", "step:cache.lookup", "step:cache.weights",
                "step:cache.store")),
     ("lower to LLVM IR", ("step:codegen.lower",)),
+    # one LLVM module (KILN_CODEGEN_PARTS=0, a cross target) ...
     ("LLVM parse", ("step:codegen.parse",)),
     ("LLVM optimize", ("step:codegen.optimize",)),
     ("LLVM emit", ("step:codegen.emit_object",)),
+    # ... or its parts (kiln.codegen.llvm.parts): cut, compiled on every core through the
+    # kernel cache (parse, optimize, emit), joined (ld -r, bitcode link)
+    ("LLVM split", ("step:codegen.split",)),
+    ("LLVM parts", ("step:codegen.parts",)),
+    ("LLVM join", ("step:codegen.join",)),
     # the codegen step less its named parts: the target machine, host.c's source, bitcode
     ("codegen rest", ("step:codegen", "-step:codegen.lower", "-step:codegen.parse",
                       "-step:codegen.optimize", "-step:codegen.emit_object",
+                      "-step:codegen.split", "-step:codegen.parts", "-step:codegen.join",
                       "-step:codegen.constants", "-step:codegen.outline")),
     ("C compile", ("step:export.compile",)),
     ("link", ("step:export.data", "step:export.link")),
@@ -172,19 +186,29 @@ def stage_worker(path: str, target_text: str) -> None:
 
     target = kiln.Target.from_host() if target_text == "host" else kiln.Target(target_text)
     timing = TimingInstrument()
+    c0 = os.times()
     with PassContext(instruments=[timing]):
         t0 = time.perf_counter()
         mod = from_onnx(path)
         t1 = time.perf_counter()
         kiln.compile(mod, target)["main"]  # links and loads the library
         t2 = time.perf_counter()
-    print(json.dumps({"import": t1 - t0, **stage_seconds(timing), "total": t2 - t0}))
+    c1 = os.times()
+    # CPU seconds of this process and its children (LLVM's workers, cc, ld): a figure a
+    # loaded machine disturbs less than the wall clock
+    cpu = sum(getattr(c1, f) - getattr(c0, f)
+              for f in ("user", "system", "children_user", "children_system"))
+    print(json.dumps({"import": t1 - t0, **stage_seconds(timing), "total": t2 - t0,
+                      "cpu": cpu}))
 
 
 def measure(model: onnx.ModelProto, target: str, warm: bool = False,
-            stages: bool = False) -> dict[str, Any]:
+            stages: bool = False, kernels_warm: bool = False) -> dict[str, Any]:
     """Save `model`, compile it in a fresh process with an empty cache; the worker's
-    figures, or {"error": one line} when it fails."""
+    figures, or {"error": one line} when it fails. With `kernels_warm`, a first process
+    compiles it and its compile-cache entries are removed: the measured one finds
+    every kernel in the kernel cache (kiln.codegen.kernel_cache), as a rebuild after
+    a weight change does."""
     import onnx
 
     import kiln
@@ -197,24 +221,29 @@ def measure(model: onnx.ModelProto, target: str, warm: bool = False,
         kiln_root = str(Path(kiln.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(
             [kiln_root, *filter(None, [os.environ.get("PYTHONPATH")])])
-        proc = subprocess.run([sys.executable, __file__, "--worker", str(path), "--target",
-                               target, "--out-dir", tmp, *(["--warm"] if warm else []),
-                               *(["--stages"] if stages else [])],
-                              env=env, capture_output=True, text=True)
+        command = [sys.executable, __file__, "--worker", str(path), "--target", target,
+                   "--out-dir", tmp, *(["--warm"] if warm else []),
+                   *(["--stages"] if stages else [])]
+        if kernels_warm:
+            subprocess.run(command, env=env, capture_output=True, check=False)
+            shutil.rmtree(Path(tmp) / "cache" / "v2", ignore_errors=True)
+        proc = subprocess.run(command, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout or f"exit status {proc.returncode}").splitlines()
         return {"error": (lines or ["?"])[-1][:150]}
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def print_stages(models: list[tuple[str, onnx.ModelProto]], target: str) -> None:
+def print_stages(models: list[tuple[str, onnx.ModelProto]], target: str,
+                 kernels_warm: bool = False) -> None:
     """The --stages table: each model's cold compile and load, by stage, in seconds."""
-    columns = ["import", *(c for c, _ in STAGES), "other", "total"]
-    print(f"seconds; one fresh process and empty KILN_CACHE_DIR per model; load average "
-          f"{os.getloadavg()[0]:.1f} at the start")
+    columns = ["import", *(c for c, _ in STAGES), "other", "total", "cpu"]
+    cache = ("its kernels in the kernel cache" if kernels_warm else "empty KILN_CACHE_DIR")
+    print(f"seconds; one fresh process and {cache} per model; cpu: CPU seconds of the "
+          f"process and its children; load average {os.getloadavg()[0]:.1f} at the start")
     print(f"{'model':<13}" + "".join(f"{c:>{max(9, len(c) + 1)}}" for c in columns))
     for name, model in models:
-        r = measure(model, target, stages=True)
+        r = measure(model, target, stages=True, kernels_warm=kernels_warm)
         if "error" in r:
             print(f"{name:<13}   skipped: {r['error']}")
             continue
@@ -236,6 +265,8 @@ def main() -> None:
     parser.add_argument("--target", default="host", help="kiln target (default: this host)")
     parser.add_argument("--stages", action="store_true",
                         help="split each model's cold compile and load by stage instead")
+    parser.add_argument("--kernels-warm", action="store_true",
+                        help="with --stages: each model's kernels already in the kernel cache")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
     parser.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
@@ -267,7 +298,8 @@ def main() -> None:
     target = host if args.target == "host" else kiln.Target(args.target)
     print(f"host: {describe_target(host)}   target: {target.kind.name}   sizes: {args.size}")
     if args.stages:
-        print_stages([(name, build(name)) for name in names], args.target)
+        print_stages([(name, build(name)) for name in names], args.target,
+                     kernels_warm=args.kernels_warm)
         return
     print("one fresh process and empty KILN_CACHE_DIR per model; "
           "RSS/w = (peak - base) / weights")

@@ -1,9 +1,10 @@
-"""The llvm codegen compiles the kernels as one LLVM module on the calling thread.
+"""The llvm codegen gives one kernels.o for many kernels, without starting a thread.
 
-llvmlite serialises every call into LLVM with one lock and has no public way
-around it (docs/codegen-llvm.md, "One module, one thread"): a model of several
-kernels gives one kernels.o, the compile starts no thread, the bitcode defines
-every kernel, and the library computes what onnxruntime computes.
+llvmlite serialises every call into LLVM with one lock, so the compile uses no
+threads (docs/codegen-llvm.md, "Parts on every core": parts, where there are, go to
+forked processes): a model of several kernels gives one kernels.o, the compile
+starts no thread, the bitcode defines every kernel, and the library computes what
+onnxruntime computes.
 """
 
 from __future__ import annotations

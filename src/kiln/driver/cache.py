@@ -96,6 +96,7 @@ from kiln.artifact.schema import (
     parse,
 )
 from kiln.artifact.segments import content_parts
+from kiln.codegen import kernel_cache
 from kiln.errors import FormatError, UnsafePathError
 
 # 3 (2026-11-23): an entry records its key ("key"), checked on lookup.
@@ -879,7 +880,8 @@ def evict(limit: int, *, used: int | None = None) -> int:
 
 
 def clear() -> int:
-    """Remove every entry and object (and entries of older cache layouts); bytes freed."""
+    """Remove every entry and object (and entries of older cache layouts) and the kernel
+    cache (kiln.codegen.kernel_cache); bytes freed."""
     root = cache_dir()
     freed = usage()
     with contextlib.suppress(FileNotFoundError):
@@ -890,4 +892,4 @@ def clear() -> int:
     for sub in (root / LAYOUT, root / "artifacts"):  # "artifacts": the version-1 layout
         if sub.is_dir() and not sub.is_symlink():
             shutil.rmtree(sub, ignore_errors=True)
-    return freed
+    return freed + kernel_cache.clear()

@@ -30,6 +30,7 @@ from typing import Any
 import kiln.codegen as codegen
 from kiln.artifact.artifact import ArtifactSet
 from kiln.artifact.integrity import CHUNK_SIZE
+from kiln.codegen import kernel_cache
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.naming import DEFAULT_PREFIX, check_prefix, library_metadata
 from kiln.codegen.registry import graph_signature, resolve_target
@@ -192,11 +193,14 @@ def _generate(codegen_name: str, built: IRModule, tgt: Target, prefix: str,
         writer = cache.store_object_async(
             cache.chunked_object_name(pool.size, CHUNK_SIZE, pool.chunk_digests()),
             pool.size, pool.parts())
+    # The kernel cache follows the compile cache's switch (kiln.codegen.kernel_cache).
+    token = kernel_cache.enabled_in_build.set(cache.cache_enabled(PassContext.current().config))
     try:
         with timed_step("codegen"):
             return codegen.build(outline_for(codegen_name, built), tgt,
                                  prefix=prefix, pool=pool)
     finally:
+        kernel_cache.enabled_in_build.reset(token)
         if writer is not None:
             with timed_step("cache.weights"):
                 writer.join()

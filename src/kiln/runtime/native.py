@@ -170,9 +170,7 @@ def compile_native(
             objects.append(src)
         elif suffix == ".c":
             obj = folder / (a.file_name + ".o")
-            flags = [*_cflags(a.metadata, "cflags", where), *(options or ())]
-            cmd = [*cc_cmd, "-c", *CFLAGS, f"-I{include_dir()}", *flags,
-                   "-o", str(obj), str(src)]
+            cmd, flags = _c_command(a, cc_cmd, src, obj, options)
             objects.append(obj)
             key = None if reads_other_files(flags) else object_cache.object_key(
                 cmd, src.read_bytes(), str(src), str(obj))
@@ -202,6 +200,40 @@ def compile_native(
     for key, obj in compiled:
         object_cache.store(key, obj.read_bytes())
     return objects
+
+
+def _c_command(a: AnyArtifact, cc_cmd: list[str], src: Path, obj: Path,
+               options: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """The command compiling C artifact `a` (written to `src`) to `obj`, and its flags."""
+    flags = [*_cflags(a.metadata, "cflags", f"{a.codegen_id}/{a.file_name}"),
+             *(options or ())]
+    return [*cc_cmd, "-c", *CFLAGS, f"-I{include_dir()}", *flags, "-o", str(obj),
+            str(src)], flags
+
+
+def precompile_c(artifact: AnyArtifact, cc: str | Sequence[str] | None = None) -> None:
+    """Start compiling the C artifact `artifact` in the background, as `compile_native`
+    with `cc` and no options will (kiln.runtime.object_cache.start): the llvm codegen
+    starts host.c's compile while LLVM compiles the kernels, on another core. Does
+    nothing when the compile would not be cached or the compiler cannot start."""
+    cc_cmd = cc_command(cc)
+    folder = tempfile.TemporaryDirectory(prefix="kiln-cc-")
+    src = Path(folder.name) / artifact.file_name
+    with open(src, "wb") as f:
+        write_content(f, artifact.content)
+    obj = src.with_name(artifact.file_name + ".o")
+    cmd, flags = _c_command(artifact, cc_cmd, src, obj, None)
+    key = None if reads_other_files(flags) else object_cache.object_key(
+        cmd, src.read_bytes(), str(src), str(obj))
+    if key is None or object_cache.started(key):
+        folder.cleanup()
+        return
+    try:
+        process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:  # no compiler: compile_native will say so
+        folder.cleanup()
+        return
+    object_cache.start(key, process, obj, folder)
 
 
 # Flags that make the compiler read files besides the source and kiln's headers (which

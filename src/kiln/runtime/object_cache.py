@@ -11,6 +11,11 @@ it), the environment variables GCC reads for its search paths and timestamps,
 and the source bytes (for an archive, also every file its compiles may include).
 Only the objects of this process are kept, in memory, least recently used first
 out beyond `MAX_BYTES`.
+
+A compile may also be started ahead (`start`): the llvm codegen starts host.c's while
+LLVM compiles the kernels (kiln.runtime.native.precompile_c), and the `lookup` of its
+key then waits for that compiler instead of running another. One that fails is
+forgotten: the caller compiles the source itself and reports the error.
 """
 
 from __future__ import annotations
@@ -18,9 +23,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
+import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from pathlib import Path
 
 MAX_BYTES = 64 << 20
 # What GCC reads from the environment that can change an object.
@@ -30,6 +38,8 @@ _ENVIRONMENT = ("CPATH", "C_INCLUDE_PATH", "COMPILER_PATH", "GCC_EXEC_PREFIX",
 _objects: OrderedDict[str, bytes] = OrderedDict()
 _size = 0
 _lock = threading.Lock()
+# Compiles started ahead: key -> (the compiler, the object it writes, its directory)
+_pending: dict[str, tuple[subprocess.Popen[bytes], Path, tempfile.TemporaryDirectory[str]]] = {}
 
 
 def _compiler_identity(program: str) -> str:
@@ -60,12 +70,45 @@ def object_key(command: Sequence[str], source: bytes, source_path: str, object_p
 
 
 def lookup(key: str) -> bytes | None:
-    """The object stored under `key`, or None."""
+    """The object stored under `key` (waiting for a compile `start`ed for it), or None."""
     with _lock:
         data = _objects.get(key)
         if data is not None:
             _objects.move_to_end(key)
-        return data
+            return data
+        pending = _pending.pop(key, None)
+    return None if pending is None else _finish(key, *pending)
+
+
+def started(key: str) -> bool:
+    """Whether `key` is stored or being compiled."""
+    with _lock:
+        return key in _objects or key in _pending
+
+
+def start(key: str, process: subprocess.Popen[bytes], obj: Path,
+          folder: tempfile.TemporaryDirectory[str]) -> None:
+    """Remember the compile `process`, writing `obj` (in `folder`, removed when it is
+    done), as the object of `key`; compiles started before and done are collected."""
+    with _lock:
+        done = [k for k, (p, _o, _f) in _pending.items() if p.poll() is not None]
+        finished = [(k, *_pending.pop(k)) for k in done]
+        _pending[key] = (process, obj, folder)
+    for args in finished:
+        _finish(*args)
+
+
+def _finish(key: str, process: subprocess.Popen[bytes], obj: Path,
+            folder: tempfile.TemporaryDirectory[str]) -> bytes | None:
+    try:
+        data = obj.read_bytes() if process.wait() == 0 else None
+    except OSError:
+        data = None
+    finally:
+        folder.cleanup()
+    if data is not None:
+        store(key, data)
+    return data
 
 
 def store(key: str, data: bytes) -> None:
@@ -90,4 +133,4 @@ def clear() -> None:
         _size = 0
 
 
-__all__ = ["MAX_BYTES", "clear", "lookup", "object_key", "store"]
+__all__ = ["MAX_BYTES", "clear", "lookup", "object_key", "start", "started", "store"]

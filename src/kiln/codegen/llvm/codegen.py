@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import platform
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +11,7 @@ from kiln.artifact import Artifact
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.cpu_requirements import feature_rows
 from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
+from kiln.codegen.llvm import parts
 from kiln.codegen.llvm.bf16_dot import bf16_dot_lanes
 from kiln.codegen.llvm.lower_to_llvm import (
     C_LIBRARY_HEAP,
@@ -17,6 +20,7 @@ from kiln.codegen.llvm.lower_to_llvm import (
     LoweringOptions,
     lower_module,
 )
+from kiln.codegen.llvm.split import split_module
 from kiln.codegen.llvm.target_machine import (
     MachineConfig,
     llvm_binding,
@@ -29,9 +33,11 @@ from kiln.codegen.sizes import check_buffer_sizes
 from kiln.errors import CompileError
 from kiln.ir.module import IRModule
 from kiln.ir.steps import timed_step
+from kiln.runtime.native import precompile_c
 from kiln.target.isa import isa_of
 
 CODEGEN_ID = "llvm"
+_OFF = ("0", "false", "no", "off")
 
 
 @dataclass
@@ -64,9 +70,8 @@ def compile_module(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPoo
     """Lower, verify and optimise `mod` for `target` (any object with `.get`).
 
     One LLVM module on the calling thread, in an LLVMContext of its own (freed with
-    the module): llvmlite runs every call into LLVM under one process-wide lock and
-    offers no public way around it, so threads could not optimise parts of a module
-    at once (docs/codegen-llvm.md, "One module, one thread")."""
+    the module): the llvmjit backend's way, and the llvm backend's where it cannot
+    compile in parts on every core (docs/codegen-llvm.md, "Parts on every core")."""
 
     config, tm, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=jit)
     with timed_step("codegen.parse"):
@@ -118,33 +123,76 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     when `pool` holds constants, `constants.bin` (symbol `{prefix}_consts`).
     """
 
-    with timed_step("codegen.lower_optimize"):
-        compiled = compile_module(mod, target, prefix=prefix, pool=pool)
-    config, lowered = compiled.config, compiled.lowered
+    config = machine_config(target)
+    # Firmware has no threads: host.c's parallel loops then run serially.
+    host_flags = [*DEFAULT_HOST_CFLAGS, "-DKILN_NO_THREADS"] if _bare_metal(config) else None
+    host = codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
+                        cflags=host_flags, cpu_features=feature_rows(
+                            config.triple, config.to_json()["requires_features"]))
+    config, tm, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=False)
     meta = _metadata(config, lowered)
-    with timed_step("codegen.emit_object"):
-        try:
-            obj = bytes(compiled.target_machine.emit_object(compiled.module))
-        except RuntimeError as err:
-            raise CompileError(f"LLVM could not emit the object code: {err}") from None
-        bitcode = bytes(compiled.module.as_bitcode())
+    if compiles_in_parts(config):
+        obj, bitcode = _compile_in_parts(lowered, config, host)
+    else:
+        obj, bitcode = _compile_whole(lowered, config, tm)
     libs = sorted({lib for d in meta["extern_dependencies"] for lib in d.get("libs", ())})
     if not _bare_metal(config):
         libs = sorted({*libs, "-lm"})  # the kernels may call the C math library
-    # Firmware has no threads: host.c's parallel loops then run serially.
-    host_flags = [*DEFAULT_HOST_CFLAGS, "-DKILN_NO_THREADS"] if _bare_metal(config) else None
     artifacts = [
         Artifact(CODEGEN_ID, "native", "kernels.o", obj, {**meta, "libs": libs}),
         Artifact(CODEGEN_ID, "none", "kernels.bc", bitcode, {**meta, "format": "llvm-bitcode"}),
-        codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
-                     cflags=host_flags,
-                     cpu_features=feature_rows(config.triple, meta["requires_features"])),
+        host,
     ]
-    del compiled, obj  # LLVM's module, its context and the machine code are no longer needed
+    del obj  # the machine code is no longer needed
     if len(pool):
         with timed_step("codegen.constants"):
             artifacts.append(pool.artifact(CODEGEN_ID, prefix))
     return artifacts
+
+
+def _compile_whole(lowered: LoweredModule, config: MachineConfig,
+                   tm: Any) -> tuple[bytes, bytes]:
+    """(object, bitcode) of the lowered module compiled as one LLVM module."""
+    with timed_step("codegen.parse"):
+        llvm_mod = parse_and_verify(str(lowered.module), context=llvm_binding().create_context())
+    with timed_step("codegen.optimize"):
+        optimize(llvm_mod, tm, config.opt_level)
+        llvm_mod.verify()
+    with timed_step("codegen.emit_object"):
+        try:
+            obj = bytes(tm.emit_object(llvm_mod))
+        except RuntimeError as err:
+            raise CompileError(f"LLVM could not emit the object code: {err}") from None
+        return obj, bytes(llvm_mod.as_bitcode())
+
+
+def compiles_in_parts(config: MachineConfig) -> bool:
+    """Whether the module is compiled in parts (kiln.codegen.llvm.split): for a hosted
+    target of this machine's architecture, whose objects this machine's `ld` joins."""
+    arch = platform.machine().lower()
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
+    return (config.reloc == "pic" and config.arch == arch and parts.linker() is not None
+            and os.environ.get("KILN_CODEGEN_PARTS", "1").strip().lower() not in _OFF)
+
+
+def _compile_in_parts(lowered: LoweredModule, config: MachineConfig,
+                      host: Artifact) -> tuple[bytes, bytes]:
+    """(object, bitcode) of the lowered module compiled part by part: in parallel, through
+    the kernel cache (kiln.codegen.llvm.parts). A module of several parts (a large
+    model) has this machine's cc build `host` meanwhile, for the library's load: it
+    takes a core when the parts leave one free (the graph function's part, the join)."""
+    with timed_step("codegen.split"):
+        pieces = split_module(lowered.module)
+    if len(pieces) > 1:
+        with timed_step("codegen.start_host_cc"):
+            precompile_c(host)
+    with timed_step("codegen.parts"):
+        results = parts.compile_parts(pieces, config)
+    if len(results) == 1:
+        return results[0][0], results[0][1]
+    with timed_step("codegen.join"):
+        return (parts.join_objects([r[0] for r in results], str(parts.linker())),
+                parts.join_bitcode([r[1] for r in results]))
 
 
 def _bare_metal(config: MachineConfig) -> bool:

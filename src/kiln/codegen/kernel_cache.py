@@ -1,0 +1,166 @@
+"""The kernel cache: the object code of each part of an LLVM module, on disk.
+
+A part (kiln.codegen.llvm.split: a kernel with its loop bodies) compiled once is
+not compiled again, in this build or a later one: another model with the same
+kernel, a rebuild after a weight change. Its key is a SHA-256 over everything that
+decides the code: the part's LLVM IR text (the kernel's op, shapes, tile, names and
+the declarations it calls), the machine (triple, CPU, features, opt-level, fast-math,
+vector width, relocation model), the LLVM and llvmlite versions, and the sources of
+kiln's LLVM backend (the optimisation pipeline lives there).
+
+Layout: `$KILN_CACHE_DIR/kernels/v1/<aa>/<key>` (else `~/.cache/kiln/kernels/...`,
+next to the compile cache of docs/compile.md), one file per part: a magic line, the
+SHA-256 of the rest and two sizes, then the object, the optimised bitcode and the
+declarations of the part's functions as LLVM optimised them (what a caller's part
+is compiled with). A file that is not ours (another owner, writable by group or
+others, a symbolic link) or whose checksum fails is never used: a damaged one is
+removed, and the part compiled again, with a KernelCacheWarning. Writes go to a
+temporary name and are renamed. `KILN_CACHE=0` (or `KILN_KERNEL_CACHE=0` for this
+level alone) or `PassContext(config={"kiln.cache": False})` turns it off;
+`clear()` (also `kiln.driver.cache.clear()`, `kiln cache clear`) empties it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import stat
+import struct
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from kiln import __version__
+
+FORMAT = "v1"
+_MAGIC = b"kiln kernel object v1\n"
+_OFF = ("0", "false", "no", "off")
+_HEADER = struct.Struct("<32sQQ")  # SHA-256 of what follows, object and bitcode sizes
+
+# Parts found, compiled and stored since the process started (tests, bench/compile.py).
+STATS = {"hits": 0, "misses": 0, "refused": 0}
+
+# False while a build runs with the compile cache turned off by its PassContext.
+enabled_in_build: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "kiln_kernel_cache", default=True)
+
+
+class KernelCacheWarning(UserWarning):
+    """A kernel cache file was refused (damaged, not ours) or could not be written."""
+
+
+def cache_root() -> Path:
+    """Where part objects live: `$KILN_CACHE_DIR/kernels/v1` (else ~/.cache/kiln/...)."""
+    base = os.environ.get("KILN_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "kiln")
+    return Path(base) / "kernels" / FORMAT
+
+
+def enabled() -> bool:
+    """Whether the kernel cache is used now (environment and the build's setting)."""
+    for var in ("KILN_CACHE", "KILN_KERNEL_CACHE"):
+        if os.environ.get(var, "").strip().lower() in _OFF:
+            return False
+    return enabled_in_build.get()
+
+
+@functools.cache
+def codegen_fingerprint() -> str:
+    """What besides a part's text decides its code: LLVM, llvmlite and the sources of
+    kiln's LLVM backend (the optimisation pipeline lives there)."""
+    h = hashlib.sha256()
+    try:
+        h.update(importlib.metadata.version("llvmlite").encode())
+    except importlib.metadata.PackageNotFoundError:
+        h.update(b"llvmlite ?")
+    h.update(__version__.encode() + b"\0")
+    for path in sorted((Path(__file__).resolve().parent / "llvm").glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def part_key(text: str, machine: dict[str, Any], llvm_version: str) -> str:
+    """The key of a part: its IR text, the machine's configuration, the codegen."""
+    h = hashlib.sha256()
+    for field in (FORMAT, codegen_fingerprint(), llvm_version, repr(sorted(machine.items()))):
+        h.update(field.encode() + b"\0")
+    h.update(text.encode())
+    return h.hexdigest()
+
+
+def _path(key: str) -> Path:
+    return cache_root() / key[:2] / key
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"kiln kernel cache: {message}", KernelCacheWarning, stacklevel=4)
+
+
+def _ours(st: os.stat_result) -> bool:
+    owner = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+    return stat.S_ISREG(st.st_mode) and owner and not st.st_mode & 0o022
+
+
+def lookup(key: str) -> tuple[bytes, bytes, str] | None:
+    """(object, bitcode, declarations) stored under `key`, or None (a refused file is
+    removed)."""
+    path = _path(key)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        STATS["misses"] += 1
+        return None  # absent, or a symbolic link (O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        if not _ours(os.fstat(f.fileno())):
+            STATS["refused"] += 1
+            _warn(f"{path} is not a private file of yours; compiling instead")
+            return None
+        raw = f.read()
+    body = raw[len(_MAGIC) + _HEADER.size:]
+    if raw.startswith(_MAGIC) and len(raw) >= len(_MAGIC) + _HEADER.size:
+        digest, size, bc_size = _HEADER.unpack_from(raw, len(_MAGIC))
+        if hashlib.sha256(body).digest() == digest and size + bc_size <= len(body):
+            with contextlib.suppress(UnicodeDecodeError):
+                STATS["hits"] += 1
+                return (body[:size], body[size:size + bc_size],
+                        body[size + bc_size:].decode("utf-8"))
+    STATS["refused"] += 1
+    _warn(f"{path} is damaged (checksum); removed, compiling the kernel again")
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return None
+
+
+def store(key: str, obj: bytes, bitcode: bytes, declarations: str) -> None:
+    """Keep (object, bitcode, declarations) under `key`; a filesystem error only warns."""
+    path = _path(key)
+    body = obj + bitcode + declarations.encode("utf-8")
+    data = _MAGIC + _HEADER.pack(hashlib.sha256(body).digest(), len(obj), len(bitcode)) + body
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        Path(tmp).replace(path)
+    except OSError as err:
+        _warn(f"cannot write {path}: {err.strerror or err}")
+
+
+def clear() -> int:
+    """Remove every stored part; the bytes freed."""
+    root = cache_root().parent
+    freed = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) \
+        if root.is_dir() else 0
+    if root.is_dir() and not root.is_symlink():
+        shutil.rmtree(root, ignore_errors=True)
+    return freed
+
+
+__all__ = ["STATS", "KernelCacheWarning", "cache_root", "clear", "codegen_fingerprint", "enabled",
+           "enabled_in_build", "lookup", "part_key", "store"]

@@ -1,0 +1,224 @@
+"""Compile a module's parts (kiln.codegen.llvm.split) on every core, through the kernel cache.
+
+llvmlite runs every call into LLVM under one process-wide lock, so threads cannot
+optimise parts at once: the parts the kernel cache does not hold are shared out
+(largest first) among forked worker processes, as many as the CPUs this process may
+run on (`KILN_CODEGEN_JOBS` overrides), the calling process taking one share. A fork
+costs no start-up: the child has llvmlite loaded and the parts' text in memory. Each
+part is parsed, verified, optimised and emitted exactly as the whole module would be
+(kiln.codegen.llvm.target_machine); the objects are joined into one relocatable
+kernels.o by the linker (`ld -r`) and the optimised bitcode of the parts linked into
+one module for kernels.bc.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kiln.codegen import kernel_cache
+from kiln.codegen.llvm.split import Part
+from kiln.codegen.llvm.target_machine import (
+    MachineConfig,
+    llvm_binding,
+    optimize,
+    parse_and_verify,
+)
+from kiln.errors import CompileError
+
+
+def jobs() -> int:
+    """How many processes compile parts: `$KILN_CODEGEN_JOBS`, else the usable CPUs."""
+    env = os.environ.get("KILN_CODEGEN_JOBS", "").strip()
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise CompileError(f"KILN_CODEGEN_JOBS={env!r} is not a whole number") from None
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def linker() -> str | None:
+    """The `ld` that joins part objects, or None when this machine has none."""
+    return shutil.which("ld")
+
+
+# (object, bitcode, the declarations of the part's non-internal functions as optimised)
+Compiled = tuple[bytes, bytes, str]
+_ATTRIBUTE_GROUP = re.compile(r"^attributes #(\d+) = \{ (.*) \}$", re.M)
+
+
+def _declarations(mod: Any) -> str:
+    """`declare` lines of `mod`'s non-internal definitions, attributes written inline."""
+    groups = dict(_ATTRIBUTE_GROUP.findall(str(mod)))
+    lines = []
+    for fn in mod.functions:
+        if fn.is_declaration or fn.linkage.name in ("internal", "private"):
+            continue
+        head = next(line for line in str(fn).splitlines() if line.startswith("define"))
+        head = head.removesuffix("{").rstrip()
+        # `#3` names an attribute group: written out, the line stands on its own
+        head = " ".join(groups.get(t[1:], t) if t.startswith("#") else t
+                        for t in head.split(" "))
+        lines.append(f"{fn.name}\0declare" + head.removeprefix("define"))
+    return "\n".join(lines)
+
+
+def compile_part(text: str, config: MachineConfig, tm: Any) -> Compiled:
+    """(object, optimised bitcode, declarations) of one part, as the whole module is
+    compiled (kiln.codegen.llvm.codegen)."""
+    llvm = llvm_binding()
+    mod = parse_and_verify(text, context=llvm.create_context())
+    optimize(mod, tm, config.opt_level)
+    mod.verify()
+    declarations = _declarations(mod)
+    try:
+        obj = bytes(tm.emit_object(mod))
+    except RuntimeError as err:
+        raise CompileError(f"LLVM could not emit the object code: {err}") from None
+    return obj, bytes(mod.as_bitcode()), declarations
+
+
+def _compile_share(texts: Sequence[str], config: MachineConfig) -> list[Compiled]:
+    tm = config.target_machine()
+    return [compile_part(t, config, tm) for t in texts]
+
+
+def _shares(sizes: Sequence[int], n: int) -> list[list[int]]:
+    """Indices shared out among `n` workers, largest first to the least loaded."""
+    shares: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        w = load.index(min(load))
+        shares[w].append(i)
+        load[w] += sizes[i]
+    return [s for s in shares if s]
+
+
+def _child(texts: Sequence[str], config: MachineConfig, fd: int) -> None:
+    """In a forked worker: compile, write the pickled result to `fd`, exit."""
+    code = 0
+    try:
+        lock = getattr(getattr(llvm_binding().ffi.lib, "_lock", None), "_lock", None)
+        if lock is not None:  # another thread of the parent may have held it at the fork
+            llvm_binding().ffi.lib._lock._lock = threading.RLock()
+        payload = pickle.dumps(("ok", _compile_share(texts, config)))
+    except BaseException as err:  # reported by the parent
+        payload = pickle.dumps(("error", str(err)))
+        code = 1
+    with os.fdopen(fd, "wb") as f:
+        f.write(payload)
+    os._exit(code)
+
+
+def _compile_all(texts: Sequence[str], config: MachineConfig) -> list[Compiled]:
+    n = min(jobs(), len(texts))
+    if n <= 1 or not hasattr(os, "fork"):
+        return _compile_share(texts, config)
+    shares = _shares([len(t) for t in texts], n)
+    children = []
+    for share in shares[1:]:
+        read, write = os.pipe()
+        with warnings.catch_warnings():
+            # Python warns of fork in a threaded process: the child only runs LLVM.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            _child([texts[i] for i in share], config, write)
+        os.close(write)
+        children.append((pid, read, share))
+    results: list[Compiled | None] = [None] * len(texts)
+    failure: str | None = None
+    try:
+        for i, r in zip(shares[0], _compile_share([texts[i] for i in shares[0]], config)):
+            results[i] = r
+    except CompileError as err:
+        failure = str(err)
+    for pid, read, share in children:
+        with os.fdopen(read, "rb") as f:
+            data = f.read()
+        os.waitpid(pid, 0)
+        status, value = pickle.loads(data) if data else ("error", "a worker died")
+        if status != "ok":
+            failure = failure or value
+            continue
+        for i, r in zip(share, value):
+            results[i] = r
+    if failure is not None:
+        raise CompileError(failure)
+    return [r for r in results if r is not None]
+
+
+def compile_parts(parts: Sequence[Part], config: MachineConfig) -> list[Compiled]:
+    """(object, bitcode, declarations) of each part, from the kernel cache or compiled in
+    parallel; a part calling another's functions after that one (`Part.calls`)."""
+    use_cache = kernel_cache.enabled()
+    version = ".".join(map(str, llvm_binding().llvm_version_info))
+    machine = {**config.to_json(), "fast_math": config.fast_math,
+               "vector_width": config.vector_width}
+    found: list[Compiled | None] = [None] * len(parts)
+    declarations: dict[str, str] = {}
+    while any(f is None for f in found):
+        ready = [i for i, p in enumerate(parts) if found[i] is None
+                 and all(c in declarations for c in p.calls)]
+        if not ready:
+            raise CompileError("the module's parts call one another in a cycle")
+        texts = {i: parts[i].with_declarations(declarations) for i in ready}
+        keys = {i: kernel_cache.part_key(texts[i], machine, version) for i in ready}
+        for i in ready:
+            found[i] = kernel_cache.lookup(keys[i]) if use_cache else None
+        todo = [i for i in ready if found[i] is None]
+        for i, r in zip(todo, _compile_all([texts[i] for i in todo], config)):
+            found[i] = r
+            if use_cache:
+                kernel_cache.store(keys[i], *r)
+        for i in ready:
+            done = found[i]
+            assert done is not None
+            for line in done[2].splitlines():
+                name, declaration = line.split("\0", 1)
+                declarations[name] = declaration
+    return [f for f in found if f is not None]
+
+
+def join_objects(objects: Sequence[bytes], ld: str) -> bytes:
+    """One relocatable object holding `objects` (`ld -r`)."""
+    with tempfile.TemporaryDirectory(prefix="kiln-parts-") as tmp:
+        paths = []
+        for i, obj in enumerate(objects):
+            path = Path(tmp) / f"part{i}.o"
+            path.write_bytes(obj)
+            paths.append(str(path))
+        out = Path(tmp) / "kernels.o"
+        proc = subprocess.run([ld, "-r", "-o", str(out), *paths], capture_output=True,
+                              text=True, check=False)
+        if proc.returncode != 0:
+            raise CompileError(f"joining the kernels' objects failed: {ld} -r: "
+                               f"{(proc.stderr or proc.stdout).strip()}")
+        return out.read_bytes()
+
+
+def join_bitcode(bitcodes: Sequence[bytes]) -> bytes:
+    """The parts' optimised bitcode linked into one module."""
+    llvm = llvm_binding()
+    context = llvm.create_context()
+    whole = llvm.parse_bitcode(bitcodes[0], context)
+    for bc in bitcodes[1:]:
+        whole.link_in(llvm.parse_bitcode(bc, context))
+    return bytes(whole.as_bitcode())
+
+
+__all__ = ["compile_part", "compile_parts", "jobs", "join_bitcode", "join_objects", "linker"]

@@ -1,0 +1,190 @@
+"""The llvm codegen compiles a module in parts, on every core, through the kernel cache.
+
+A graph function with more than MAX_INLINED_CALL_SITES kernel calls is cut into one
+part per kernel plus the graph function's (kiln.codegen.llvm.split); the parts are
+compiled by forked worker processes and joined into one kernels.o. Checked here:
+every kernel's optimised IR is the whole module's; the library computes what
+onnxruntime computes; a part found in the kernel cache gives the very bytes a fresh
+compile gives; a changed machine (opt-level, features) or codegen misses the cache;
+a damaged cache file is refused and rebuilt, never used.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import kiln
+from kiln.codegen import kernel_cache
+from kiln.codegen.llvm import codegen as llvm_codegen
+from kiln.codegen.llvm import parts, split
+from kiln.codegen.llvm.target_machine import llvm_binding, optimize, parse_and_verify
+from kiln.frontend import from_onnx
+from kiln.runtime import native
+from support.graphs import GraphBuilder
+from support.reference import onnxruntime_outputs
+
+pytest.importorskip("onnxruntime")
+if not llvm_codegen.compiles_in_parts(llvm_codegen.machine_config(kiln.Target.from_host())):
+    pytest.skip("no `ld` here: the module is compiled whole", allow_module_level=True)
+
+LAYERS = 34  # more calls than MAX_INLINED_CALL_SITES: the graph function inlines none
+X = np.random.default_rng(3).standard_normal((2, 16)).astype(np.float32)
+
+
+def model(seed: int = 0) -> onnx.ModelProto:
+    """MatMul+Relu layers alternating widths 16 and 24 (two kernels), then Softmax."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    h, width = "x", 16
+    for i in range(LAYERS):
+        out = 24 if width == 16 else 16
+        w = b.const((rng.standard_normal((width, out)) / 4).astype(np.float32), f"w{i}")
+        b.node("MatMul", [h, w], [f"m{i}"])
+        b.node("Relu", [f"m{i}"], [f"r{i}"])
+        h, width = f"r{i}", out
+    b.node("Softmax", [h], ["y"], axis=-1)
+    b.input("x", list(X.shape))
+    b.output("y", [2, width])
+    return b.model(name="layers")
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, object]:
+    """`model()` compiled without caches: its executable, its llvmlite module and the
+    machine configuration."""
+    seen: dict[str, object] = {}
+
+    def spy(lowered_module: object, config: object, host: object) -> tuple[bytes, bytes]:
+        seen["lowered"], seen["config"] = lowered_module, config
+        return real(lowered_module, config, host)
+
+    real = llvm_codegen._compile_in_parts
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KILN_CACHE", "0")
+        mp.setenv("KILN_CODEGEN_JOBS", "2")
+        mp.setattr(llvm_codegen, "_compile_in_parts", spy)
+        seen["ex"] = kiln.compile(from_onnx(model()), kiln.Target.from_host())
+    return seen
+
+
+def _function_texts(mod: object) -> dict[str, str]:
+    """Each definition's text, attribute groups written out and metadata numbered anew."""
+    text = str(mod)
+    groups = dict(re.findall(r"^attributes #(\d+) = \{ (.*) \}$", text, re.M))
+    out = {}
+    for fn in mod.functions:  # type: ignore[attr-defined]
+        if fn.is_declaration:
+            continue
+        body = re.sub(r"#(\d+)\b", lambda m: groups[m[1]], str(fn))
+        out[fn.name] = _renumbered(body)
+    return out
+
+
+def _renumbered(text: str) -> str:
+    """`text` with its metadata numbered in order of first use."""
+    numbers: dict[str, str] = {}
+    return re.sub(r"!(\d+)\b", lambda m: "!" + numbers.setdefault(m[1], str(len(numbers))),
+                  text)
+
+
+def test_every_kernel_is_optimised_as_in_the_whole_module(built: dict) -> None:
+    module, config = built["lowered"], built["config"]
+    tm = config.target_machine()
+    llvm = llvm_binding()
+    whole = parse_and_verify(str(module.module), context=llvm.create_context())
+    optimize(whole, tm, config.opt_level)
+    want = _function_texts(whole)
+    pieces = split.split_module(module.module)
+    assert len(pieces) >= 3  # the graph function and two kernels
+    got: dict[str, str] = {}
+    for piece in pieces:
+        if piece.calls:
+            continue  # the graph function: its phis may list predecessors in another order
+        mod = parse_and_verify(piece.text, context=llvm.create_context())
+        optimize(mod, tm, config.opt_level)
+        got.update({k: v for k, v in _function_texts(mod).items() if k in piece.functions})
+    assert got and all(got[name] == want[name] for name in got), sorted(
+        name for name in got if got[name] != want[name])
+
+
+def test_parts_compute_what_onnxruntime_computes(built: dict,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """... and the load compiles no C: host.c's object was compiled during codegen."""
+    ex = built["ex"]
+    assert [a.file_name for a in ex.artifacts if a.file_name.endswith(".o")] == ["kernels.o"]
+    commands: list[str] = []
+    run_all = native._run_all
+
+    def spy(jobs: list[tuple[list[str], str]]) -> None:
+        commands.extend(what for _cmd, what in jobs)
+        run_all(jobs)
+
+    monkeypatch.setattr(native, "_run_all", spy)
+    got = ex["main"](X)
+    assert not [c for c in commands if c.startswith("compiling")], commands
+    (expected,) = onnxruntime_outputs(model(), {"x": X})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def _kernels_o(seed: int, target: kiln.Target | None = None) -> bytes:
+    ex = kiln.compile(from_onnx(model(seed)), target or kiln.Target.from_host())
+    return bytes(ex.artifacts.get("llvm", "kernels.o").content)
+
+
+def test_the_kernel_cache_gives_the_bytes_of_a_fresh_compile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hits give a fresh compile's bytes; a damaged file is refused and rebuilt; another
+    opt-level misses. Each compile has other weights: a compile-cache miss."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    fresh = _kernels_o(seed=1)
+    files = sorted(p for p in (tmp_path / "kernels").rglob("*") if p.is_file())
+    assert len(files) >= 3
+    hits = kernel_cache.STATS["hits"]
+    assert _kernels_o(seed=2) == fresh
+    assert kernel_cache.STATS["hits"] - hits == len(files)
+
+    data = bytearray(files[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte inside the object code
+    files[0].write_bytes(bytes(data))
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="damaged"):
+        assert _kernels_o(seed=3) == fresh
+    assert kernel_cache.lookup(files[0].name) is not None  # stored again, whole
+
+    spec = kiln.Target.from_host().export()
+    spec["opt-level"] = 2
+    hits = kernel_cache.STATS["hits"]
+    _kernels_o(seed=4, target=kiln.Target(spec))
+    assert kernel_cache.STATS["hits"] == hits
+
+    monkeypatch.setenv("KILN_CACHE", "0")  # compiled anew, in this process alone
+    monkeypatch.setenv("KILN_CODEGEN_JOBS", "1")
+    assert _kernels_o(seed=5) == fresh
+
+
+def test_the_key_covers_machine_and_codegen(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = {"triple": "x86_64-unknown-linux-gnu", "cpu": "znver4", "features": "+avx2",
+              "opt_level": 3}
+    key = kernel_cache.part_key("ir", config, "22.1.0")
+    assert key == kernel_cache.part_key("ir", dict(config), "22.1.0")
+    for changed in ({"opt_level": 2}, {"features": "+avx2,-fma"}, {"cpu": "znver5"}):
+        assert kernel_cache.part_key("ir", {**config, **changed}, "22.1.0") != key
+    assert kernel_cache.part_key("ir", config, "22.1.1") != key
+    assert kernel_cache.part_key("ir2", config, "22.1.0") != key
+    kernel_cache.codegen_fingerprint.cache_clear()
+    monkeypatch.setattr(kernel_cache, "__version__", "0.0.0-other")
+    try:
+        assert kernel_cache.part_key("ir", config, "22.1.0") != key
+    finally:
+        monkeypatch.undo()
+        kernel_cache.codegen_fingerprint.cache_clear()
+
+
+def test_jobs_must_be_a_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_CODEGEN_JOBS", "many")
+    with pytest.raises(kiln.errors.CompileError, match="KILN_CODEGEN_JOBS"):
+        parts.jobs()
