@@ -35,6 +35,10 @@ class KernelProfile:
     #: estimated this much cheaper: a margin for the cost estimate's error
     #: (kiln.kernels.int8.conv_tile).
     int8_transpose_gain: float = 0.92
+    #: The fewest accumulators a positions tile of the int8 convolution on VNNI holds
+    #: (its width, kiln.kernels.int8.dot.tile_cols_for): a narrower tile's dot products
+    #: wait on one another's latency.
+    int8_min_accumulators: int = 0
 
 
 #: The rules measured on AVX2 (256-bit vectors) and AVX-512 (512-bit vectors).
@@ -42,7 +46,7 @@ PROFILES: dict[int, KernelProfile] = {
     256: KernelProfile(avx2_conv_rules=True, narrow_conv_rows=True, conv_k_blocking=True,
                        panel_copy_readers=2),
     512: KernelProfile(avx2_conv_rules=False, narrow_conv_rows=True, conv_k_blocking=True,
-                       panel_copy_readers=40),
+                       panel_copy_readers=40, int8_min_accumulators=16),
 }
 #: Vector widths none of the rules was measured on (NEON, SSE, no vectors).
 UNMEASURED = KernelProfile(avx2_conv_rules=False, narrow_conv_rows=False,

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.attrs import ATTR_GEMM_KERNEL
+from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.graph import Call
 from kiln.ir.tensor import (
     Allocate,
@@ -84,7 +85,7 @@ from kiln.kernels.int8.conv_tiles import (
     flat_output,
     position_tiles,
 )
-from kiln.kernels.int8.per_sample import PerSample
+from kiln.kernels.int8.per_sample import PerSample, chunk_loop
 from kiln.kernels.parallel_work import worth_parallel
 from kiln.kernels.tiles import loop as tile_loop
 from kiln.kernels.tiles import nest
@@ -124,9 +125,37 @@ class TiledConv:
         out_type = conv_dot_infer([TensorType(t.shape, t.dtype) for t in params], attrs)
         assert isinstance(out_type, TensorType)
         out = Buffer("out", out_type.shape, y_zp.dtype)
-        return PrimFunc((x, ww, bias, x_zp, multiplier, y_zp, out),
-                        tiles(x, ww, bias, x_zp, multiplier, y_zp, out, attrs, dot_isa),
+        batch = int(x.shape[0])
+        chunk = batch_chunk(conv_schedule(x, ww, bias, multiplier, y_zp, out, attrs, dot_isa),
+                            dot_isa)
+        if chunk == batch:
+            body = tiles(x, ww, bias, x_zp, multiplier, y_zp, out, attrs, dot_isa)
+        else:  # the kernel of `chunk` samples, run on each chunk's slice
+            x_c, out_c = (Buffer(f"{b.name}_chunk", (chunk, *b.shape[1:]), b.dtype)
+                          for b in (x, out))
+            body, _ = chunk_loop(batch, as_expr(0, INDEX_DTYPE), chunk,
+                                 [(x, x_c, True), (out, out_c, True)],
+                                 tiles(x_c, ww, bias, x_zp, multiplier, y_zp, out_c, attrs,
+                                       dot_isa))
+        return PrimFunc((x, ww, bias, x_zp, multiplier, y_zp, out), body,
                         {ATTR_GEMM_KERNEL: CONV_DOT})
+
+
+def batch_chunk(s: ConvSchedule, isa: ISA) -> int:
+    """Samples the kernel takes at a time: the whole batch where the bytes one call
+    works through (its input, im2col words and output) fit the L2, else the largest
+    divisor of the batch whose share does (at least 1). A kernel over the whole batch
+    packs every sample's im2col before its tiles read any, and at batch 8 of ResNet-50
+    those words (7 MB for a 3x3 at 28 x 28) come back from memory; sample by sample
+    they stay in the L2, as at batch 1."""
+    words = s.groups * s.positions * 4 if not s.in_place else 0
+    per_sample = (int(np.prod(s.source.shape[1:])) + words
+                  + s.oc_n * s.positions)
+    if s.batch * per_sample <= isa.l2_bytes:
+        return s.batch
+    fits = [c for c in range(1, s.batch + 1)
+            if s.batch % c == 0 and c * per_sample <= isa.l2_bytes]
+    return max(fits, default=1)
 
 
 #: The lowering of `qlinear_conv_dot` (kiln.kernels.lowering); over a symbolic batch,

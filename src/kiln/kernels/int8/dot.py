@@ -111,12 +111,20 @@ def tile_cols_for(isa: ISA, extent: int) -> int:
     """Columns of a register tile for `extent` columns in all (a convolution's output
     positions; its rows are output channels, a broadcast weight word each): the whole
     vectors (up to `tile_cols`) that leave the fewest padded columns in the last tile
-    (14 x 14 = 196 output positions: 13 tiles of one vector, 208, instead of 4 of four,
-    256), the widest of equals; `extent` itself when it is below one vector."""
+    (14 x 14 = 196 output positions on AVX2: 25 tiles of one vector, 200, instead of 13
+    of two, 208), the widest of equals; `extent` itself when it is below one vector.
+    Where one instruction accumulates (VNNI, `EXACT_FAMILIES`), only widths whose tile
+    holds the profile's `int8_min_accumulators` compete: fewer wait on the dot
+    product's latency (on AVX-512 28 x 28 = 784 positions take 25 tiles of two
+    vectors, 800, not 49 of one)."""
     lanes = isa.lanes("int32")
     if extent <= lanes:
         return extent
-    widths = range(tile_cols(isa), 0, -lanes)
+    widths = list(range(tile_cols(isa), 0, -lanes))
+    if isa.int8_dot in EXACT_FAMILIES:
+        enough = [nr for nr in widths if tile_rows(isa, nr) * (nr // lanes)
+                  >= isa.profile.int8_min_accumulators]
+        widths = enough or widths
     return min(widths, key=lambda nr: -(-extent // nr) * nr)
 
 
