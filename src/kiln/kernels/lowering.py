@@ -67,6 +67,7 @@ _LAZY: dict[str, str] = {
     "conv2d_winograd": "kiln.kernels.conv.lowering:WINOGRAD",
     "conv2d_winograd_nchwc": "kiln.kernels.conv.lowering:WINOGRAD_NCHWC",
     "conv2d_nchwc_depthwise": "kiln.kernels.conv.nchwc_depthwise:NCHWC_DEPTHWISE",
+    "conv2d_nchwc_bf16": "kiln.kernels.conv.bf16:LOWERING",
     "multiply": "kiln.kernels.conv.channel_scale:CHANNEL_SCALE",
     "channel_scale_nchwc": "kiln.kernels.conv.channel_scale:CHANNEL_SCALE_NCHWC",
 

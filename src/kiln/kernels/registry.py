@@ -107,6 +107,7 @@ _FAMILIES: dict[str, str] = {
     "conv_rows": "kiln.kernels.conv.rows:CONV_ROWS",
     "conv_direct": "kiln.kernels.conv.direct:CONV_DIRECT",
     "nchwc": "kiln.kernels.conv.nchwc:NCHWC",
+    "nchwc_bf16": "kiln.kernels.conv.bf16:NCHWC_BF16",
     "conv_winograd": "kiln.kernels.conv.winograd:CONV_WINOGRAD",
     "winograd_nchwc": "kiln.kernels.conv.winograd_nchwc:WINOGRAD_NCHWC",
 
