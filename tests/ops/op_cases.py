@@ -189,6 +189,10 @@ CASES: dict[str, list[OpCase]] = {
     # K 40 zero-padded to the 64 of two pair blocks; 19 columns in 3 panels of 8
     "matmul_packed_bf16": [OpCase((bf16_exact(3, 40), bf16_panels(8, 40, 19)),
                                   {"n": 19, "k": 40}, rtol=1e-5, atol=1e-5)],
+    # both activations: the reference rounds both, the te compute neither
+    "matmul_tiled_bf16": [OpCase((bf16_exact(2, 5, 40), bf16_exact(2, 40, 9))),
+                          OpCase((bf16_exact(3, 7, 4), bf16_exact(3, 6, 4)),
+                                 {"transpose_b": True})],
     # one row of A; B stored [N][K] (Gemm's transB) and read in place
     "matmul_gemv": [OpCase((f32(1, 5), f32(7, 5)), {"transpose_b": True}),
                     OpCase((f32(1, 33), f32(19, 33)), {"transpose_b": True})],

@@ -99,6 +99,7 @@ _FAMILIES: dict[str, str] = {
     "gemm": "kiln.kernels.gemm.families:GEMM",
     "gemm_tiled": "kiln.kernels.gemm.families:GEMM_TILED",
     "gemm_bf16": "kiln.kernels.gemm.bf16:GEMM_BF16",
+    "gemm_tiled_bf16": "kiln.kernels.gemm.bf16_tiled:GEMM_TILED_BF16",
 
     # conv
     "conv_depthwise": "kiln.kernels.conv.depthwise:CONV_DEPTHWISE",
