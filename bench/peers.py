@@ -2,7 +2,7 @@
 
     PYTHONPATH=src:/path/to/openvino .venv/bin/python bench/peers.py
         [--models peers | NAME,...] [--seconds 12] [--repeat 40] [--threads 2]
-        [--torch-compile] [--write-docs]
+        [--torch-compile] [--precision f32 | bf16] [--write-docs]
 
 For each model of the set (`peers`: the small MLP, CNN and encoder, ResNet-18 and
 MobileNetV2 of bench/nets.py, the CNN zoo, BERT-base, GPT-2, ViT-B/16 of
@@ -11,7 +11,9 @@ and BERT int8 (dynamic) from onnxruntime's quantizer, bench/models.py's `quantiz
 batch 1, the same `.onnx` file runs on:
 
 - kiln float32: `from_onnx` + `kiln.compile` for this host + loading the library,
-  the compile cache off (a cold compile), called through `fn.prepare`;
+  the compile cache off (a cold compile), called through `fn.prepare`; with
+  `--precision bf16`, for `host -precision=bf16` instead (GEMMs, NCHWc convolutions and
+  attention's products in bfloat16, docs/targets.md), to set beside OpenVINO's default;
 - onnxruntime (the reference of every ratio): a CPU session, `run_with_iobinding`;
 - OpenVINO fp32: `core.compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": n,
   "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"})`;
@@ -31,7 +33,7 @@ compile time (kiln's cold compile, onnxruntime's session creation, OpenVINO's
 that loads every runtime's libraries. OpenVINO and torch are optional: without them
 their columns say "absent"; a runtime that fails on a model says "failed" (the reason
 is printed). Prints the tables; `--write-docs` writes them into the `peers` block of
-docs/performance.md. Asserts nothing (this is not a test).
+docs/performance.md (`peers-bf16` with `--precision bf16`). Asserts nothing (this is not a test).
 """
 
 from __future__ import annotations
@@ -303,11 +305,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="threads of every runtime")
     parser.add_argument("--torch-compile", action="store_true",
                         help="also time torch.compile where a torch module exists (slow)")
+    parser.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+                        help="kiln's target attribute `precision` (bf16: AVX512-BF16 hosts)")
     parser.add_argument("--write-docs", action="store_true",
-                        help="write the tables into docs/performance.md (block 'peers')")
+                        help="write the tables into docs/performance.md (block 'peers', "
+                             "'peers-bf16' with --precision bf16)")
     args = parser.parse_args()
     names = model_names(args.models)
-    target = kiln.target.Target("host")
+    target = kiln.target.Target(f"host -precision={args.precision}")
     kiln.runtime.set_num_threads(args.threads)
     runtimes = [r for r in RUNTIMES if r != "torch_compile" or args.torch_compile]
     if args.torch_compile:  # a cold torch.compile: inductor's on-disk cache starts empty
@@ -328,7 +333,8 @@ def main() -> None:
     lines = print_tables(results, runtimes)
     if args.write_docs:
         command = " ".join(["bench/peers.py", *sys.argv[1:]])
-        write_block(DOCS / "performance.md", "peers", [
+        block = "peers" if args.precision == "f32" else f"peers-{args.precision}"
+        write_block(DOCS / "performance.md", block, [
             machine_line(command, describe_target(target), load_before, os.getloadavg()[0]),
             "", f"Versions: {versions()}.", "", *lines])
 

@@ -1,13 +1,15 @@
-"""The target attribute `precision`: float32 vs bfloat16 GEMMs, latency and accuracy.
+"""The target attribute `precision`: float32 vs bfloat16, latency and accuracy.
 
-    .venv/bin/python bench/precision.py [--models bert,resnet50] [--repeat 20]
+    .venv/bin/python bench/precision.py [--models float | NAME,...] [--repeat 20]
                                         [--seconds 10] [--threads 2]
 
-Each model (bench/models.py's builders: `bert`, BERT-base-like, 12 layers, width 768,
-sequence 128; `resnet50`, 224x224) is compiled for `host` and for `host
--precision=bf16` (the GEMMs of constant weights on bfloat16 weights with float32 sums,
-kiln.kernels.gemm.bf16; convolutions, attention's activation products, element-wise
-and normalisation stay float32), and the two are timed in alternating blocks
+Each model (bench/models.py's builders; `float`, the default: the float models of
+bench/peers.py's set, from the MLP to the Whisper encoder) is compiled for `host` and
+for `host -precision=bf16` (the GEMMs of constant weights, the NCHWc convolutions and
+attention's activation products on bfloat16 values with float32 sums,
+kiln.kernels.gemm.bf16, kiln.kernels.conv.bf16, kiln.kernels.gemm.bf16_tiled;
+depthwise, Winograd and NCHW convolutions, element-wise ops and normalisation stay
+float32), and the two are timed in alternating blocks
 (bench/harness.py; wall time, `--threads` threads through
 `kiln.runtime.set_num_threads`, batch 1). `rel L2` is the
 bf16 output's relative L2 distance from the float32 build's; `top-1` whether the two
@@ -21,11 +23,16 @@ import argparse
 import time
 
 import numpy as np
-from harness import alternating_blocks_ms, calls_within, describe_target, rel_l2
+from harness import alternating_blocks_ms, calls_within, describe_target, rel_l2, short_error
 
 import kiln
 from kiln.frontend import from_onnx
 from models import build
+
+#: The float models of bench/peers.py's set.
+FLOAT_SET = ["mlp", "cnn", "encoder", "resnet18", "mobilenetv2", "resnet50", "squeezenet",
+             "shufflenet", "inception", "densenet121", "efficientnet", "vgg19", "bert",
+             "gpt2", "vit", "whisper_encoder"]
 
 
 def _top1(a: np.ndarray, b: np.ndarray) -> float:
@@ -53,7 +60,8 @@ def row(name: str, args: argparse.Namespace) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="bert,resnet50")
+    parser.add_argument("--models", default="float",
+                        help="comma-separated model names, or 'float' (the default set)")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--threads", type=int, default=2)
@@ -63,8 +71,12 @@ def main() -> None:
     print(f"host: {describe_target(target)}; {args.threads} threads, batch 1")
     print(f"{'model':<10} {'f32 ms':>9} {'bf16 ms':>9} {'speedup':>8} {'rel L2':>9} "
           f"{'top-1':>6} {'f32 s':>7} {'bf16 s':>7}")
-    for name in args.models.split(","):
-        print(row(name, args), flush=True)
+    names = FLOAT_SET if args.models == "float" else args.models.split(",")
+    for name in names:
+        try:
+            print(row(name, args), flush=True)
+        except Exception as exc:  # a benchmark reports what fails and goes on
+            print(f"{name:<10} failed: {short_error(exc)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,14 @@ def bf16_panels(nr: int, k: int, n: int) -> Gen:
     return lambda rng: pack_b_bf16(rng.uniform(-2, 2, (k, n)).astype(np.float32), nr)
 
 
+def bf16_conv_weight(cb: int, block: int, *oihw: int) -> Gen:
+    """Random float32 OIHW weights packed as conv2d_nchwc_bf16's words (`cb` output
+    channels per tile, NCHW{block}c input)."""
+    from kiln.ops.conv_bf16 import pack_conv_bf16
+
+    return lambda rng: pack_conv_bf16(rng.uniform(-2, 2, oihw).astype(np.float32), cb, block)
+
+
 def exp_table(x_scale: float, row: int) -> Gen:
     """qlinear_softmax's float32 exp table for `x_scale` and rows of `row`."""
     from kiln.ops.quant_softmax import softmax_table
@@ -197,6 +205,10 @@ CASES: dict[str, list[OpCase]] = {
         OpCase((f32(2, 33), ints(2, 2, 32, 8, low=0, high=256, dtype="uint8"),
                 f32(2, 2, 8, low=0.01, high=0.1)),
                {"k": 33, "n": 12, "bits": 8, "block": 32}, rtol=1e-4, atol=1e-5)],
+    # both activations: the reference rounds both, the te compute neither
+    "matmul_tiled_bf16": [OpCase((bf16_exact(2, 5, 40), bf16_exact(2, 40, 9))),
+                          OpCase((bf16_exact(3, 7, 4), bf16_exact(3, 6, 4)),
+                                 {"transpose_b": True})],
     # one row of A; B stored [N][K] (Gemm's transB) and read in place
     "matmul_gemv": [OpCase((f32(1, 5), f32(7, 5)), {"transpose_b": True}),
                     OpCase((f32(1, 33), f32(19, 33)), {"transpose_b": True})],
@@ -227,6 +239,14 @@ CASES: dict[str, list[OpCase]] = {
                        OpCase((f32(1, 4, 6, 5), f32(2, 1, 2, 3, 3, 4)),
                               {"channels": 6, "group": 2, "strides": (2, 2),
                                "pads": (0, 1, 2, 1)})],
+    # 6 input channels in 2 blocks of 4 (one pair), 5 outputs in a tile of 8
+    "conv2d_nchwc_bf16": [OpCase((bf16_exact(1, 2, 5, 6, 4), bf16_conv_weight(8, 4, 5, 6, 3, 3),
+                                  f32(5)), {"channels": 5, "c_in": 6, "pads": (1, 1, 1, 1)},
+                                 rtol=1e-5, atol=1e-5),
+                          # 9 input channels in 3 blocks (the second pair's upper block zero)
+                          OpCase((bf16_exact(2, 3, 6, 5, 4), bf16_conv_weight(4, 4, 3, 9, 1, 1)),
+                                 {"channels": 3, "c_in": 9, "strides": (2, 2)},
+                                 rtol=1e-5, atol=1e-5)],
     "conv2d_nchwc": [OpCase((f32(1, 1, 5, 6, 4), f32(1, 1, 3, 3, 3, 8), f32(5)),
                             {"channels": 5, "pads": (1, 1, 1, 1)}),
                      OpCase((f32(2, 2, 6, 5, 4), f32(1, 1, 6, 1, 1, 4)),

@@ -53,6 +53,7 @@ _LAZY: dict[str, str] = {
     # gemm (kiln.kernels.gemm)
     "matmul_packed": "kiln.kernels.gemm.lowering:MATMUL_PACKED",
     "matmul_packed_bf16": "kiln.kernels.gemm.lowering:MATMUL_PACKED_BF16",
+    "matmul_tiled_bf16": "kiln.kernels.gemm.lowering:MATMUL_TILED_BF16",
     "matmul_tiled": "kiln.kernels.gemm.lowering:MATMUL_TILED",
     "matmul_gemv": "kiln.kernels.gemm.lowering:MATMUL_GEMV",
     "cblas_matmul": "kiln.kernels.gemm.cblas:CBLAS_MATMUL",
@@ -68,6 +69,7 @@ _LAZY: dict[str, str] = {
     "conv2d_winograd": "kiln.kernels.conv.lowering:WINOGRAD",
     "conv2d_winograd_nchwc": "kiln.kernels.conv.lowering:WINOGRAD_NCHWC",
     "conv2d_nchwc_depthwise": "kiln.kernels.conv.nchwc_depthwise:NCHWC_DEPTHWISE",
+    "conv2d_nchwc_bf16": "kiln.kernels.conv.bf16:LOWERING",
     "multiply": "kiln.kernels.conv.channel_scale:CHANNEL_SCALE",
     "channel_scale_nchwc": "kiln.kernels.conv.channel_scale:CHANNEL_SCALE_NCHWC",
 

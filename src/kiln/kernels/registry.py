@@ -99,6 +99,7 @@ _FAMILIES: dict[str, str] = {
     "gemm": "kiln.kernels.gemm.families:GEMM",
     "gemm_tiled": "kiln.kernels.gemm.families:GEMM_TILED",
     "gemm_bf16": "kiln.kernels.gemm.bf16:GEMM_BF16",
+    "gemm_tiled_bf16": "kiln.kernels.gemm.bf16_tiled:GEMM_TILED_BF16",
     "nbits": "kiln.kernels.gemm.nbits:NBITS",
 
     # conv
@@ -108,6 +109,7 @@ _FAMILIES: dict[str, str] = {
     "conv_rows": "kiln.kernels.conv.rows:CONV_ROWS",
     "conv_direct": "kiln.kernels.conv.direct:CONV_DIRECT",
     "nchwc": "kiln.kernels.conv.nchwc:NCHWC",
+    "nchwc_bf16": "kiln.kernels.conv.bf16:NCHWC_BF16",
     "conv_winograd": "kiln.kernels.conv.winograd:CONV_WINOGRAD",
     "winograd_nchwc": "kiln.kernels.conv.winograd_nchwc:WINOGRAD_NCHWC",
 

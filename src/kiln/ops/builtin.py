@@ -3,6 +3,7 @@
 from kiln.ops import (  # noqa: F401
     cblas,
     channel_scale_nchwc,
+    conv_bf16,
     conv_direct,
     conv_nchwc_depthwise,
     data_dependent,

@@ -27,7 +27,7 @@ from kiln.ir.tensor import Const, PrimExpr, reinterpret, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.nn import matmul_compute, matmul_infer, matmul_ref
-from kiln.ops.packed_attrs import recorded_tile
+from kiln.ops.packed_attrs import checking_tile, recorded_tile
 from kiln.ops.registry import OPS, OpDef
 
 PACKED_BF16 = "matmul_packed_bf16"
@@ -118,3 +118,17 @@ def _ref(a: np.ndarray, bp: np.ndarray, **attrs: Any) -> np.ndarray:
 
 
 OPS.register(PACKED_BF16, OpDef(PACKED_BF16, "anchor", _infer, _compute, _ref))
+
+
+def _tiled_ref(a: np.ndarray, b: np.ndarray, **attrs: Any) -> np.ndarray:
+    return matmul_ref(bf16_round(a), bf16_round(b), **attrs)
+
+
+#: `matmul_tiled_bf16(a, b)`: `matmul` of two float32 activations (attention's Q @ K^T
+#: and P @ V) summed in float32 over bfloat16 values (both operands rounded to nearest,
+#: ties to even, as kiln.kernels.gemm.bf16 converts them per call); attributes
+#: `transpose_b` and `tile` = (mr, nr) as `matmul_tiled`'s. The te compute (the fallback)
+#: is the float32 product.
+TILED_BF16 = "matmul_tiled_bf16"
+OPS.register(TILED_BF16, OpDef(TILED_BF16, "anchor", checking_tile(matmul_infer, TILED_BF16, 2),
+                               matmul_compute, _tiled_ref))

@@ -1,9 +1,12 @@
-"""The CPU kinds' `precision` attribute: the arithmetic of float32 GEMMs.
+"""The CPU kinds' `precision` attribute: the arithmetic of float32 GEMMs and
+convolutions.
 
 `f32` (the default, also spelled by leaving the attribute out) computes in float32.
-`bf16` stores the constant weights of GEMMs in bfloat16 (rounded to nearest even at
-compile time) and sums products of bfloat16 values in float32, with float32 inputs and
-outputs (kiln.kernels.gemm.bf16): one AVX512-BF16 `vdpbf16ps` per two multiply-adds.
+`bf16` stores the constant weights of GEMMs and NCHWc convolutions in bfloat16 (rounded
+to nearest even at compile time) and sums products of bfloat16 values in float32, with
+float32 inputs and outputs (kiln.kernels.gemm.bf16, kiln.kernels.conv.bf16; attention's
+products of two activations: kiln.kernels.gemm.bf16_tiled): one AVX512-BF16
+`vdpbf16ps` per two multiply-adds.
 A target whose CPU lacks the instruction refuses it here, when the target is built,
 naming the feature and CPUs that have it. `f16` is declared but not built yet.
 """

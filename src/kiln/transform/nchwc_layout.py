@@ -162,6 +162,7 @@ class _Rewriter:
         self.block = block
         self.isa = isa
         self.family = KERNELS.get("nchwc")
+        self.bf16 = KERNELS.get("nchwc_bf16")
         self.skip = skip                          # convolutions (by result) to leave NCHW
         self.gemm = gemm                          # also block conv2d_gemm (1x1) calls
         self.packs = {} if packs is None else packs  # conv var -> its packed Winograd call
@@ -348,6 +349,8 @@ class _Rewriter:
         else:
             blocked = g.Call(c.op, (self._to_blocked(c.args[0], var), *c.args[1:]), c.attrs,
                              c.ret_type)
+        if self.bf16.applies(blocked, self.isa):  # a precision=bf16 target's NCHW{b}c layers
+            return self.bf16.pack(blocked, self.isa)
         return self.family.pack(blocked, self.isa)
 
     def _reads_nchw(self, c: g.Call) -> bool:

@@ -140,3 +140,33 @@ def test_sapphirerapids_build_only() -> None:
     target = Target("llvm -mcpu=sapphirerapids -precision=bf16")
     ex = kiln.compile(from_onnx(model), target)  # the object file, not linked or loaded
     assert "matmul_packed_bf16" in ex.ir.script() and "kernels.o" in ex.artifacts.inspect()
+
+
+def _attention() -> Any:
+    """softmax(Q @ K^T) @ V over a symbolic batch of 2 heads: 37 rows and columns (no
+    whole panel, no whole tile of rows), K = 24 (part of one pair block) and then 37."""
+    b = GraphBuilder()
+    q, k, v = (b.input(name, ("N", 2, 37, 24)) for name in "qkv")
+    scores = b.op("MatMul", q, b.op("Transpose", k, perm=[0, 1, 3, 2]))
+    b.node("MatMul", [b.op("Softmax", scores, axis=-1), v], ["out"])
+    b.output("out", ("N", 2, 37, 24))
+    return b.model()
+
+
+@pytest.fixture(scope="module")
+def attention() -> Any:
+    return kiln.compile(from_onnx(_attention()), _bf16_host())
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_bf16_attention_products_match_float32(attention: Any, batch: int) -> None:
+    """Both products of activations run on `matmul_tiled_bf16` (B converted per call)."""
+    ex = attention
+    f = {name: RNG.standard_normal((batch, 2, 37, 24)).astype(np.float32) for name in "qkv"}
+    scores = f["q"] @ f["k"].swapaxes(-1, -2)
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (e / e.sum(-1, keepdims=True)) @ f["v"]
+    assert _rel_l2(np.asarray(ex["main"](*f.values())), want) <= TOL
+    kernels = [f.attrs.get("kiln.gemm_kernel") for f in ex.ir.functions.values()
+               if hasattr(f, "attrs")]
+    assert kernels.count("matmul_tiled_bf16") == 2 and "matmul_tiled" not in kernels

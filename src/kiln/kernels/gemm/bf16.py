@@ -17,9 +17,9 @@ scalars), columns past N multiply zero weights and are not stored.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_GEMM_KERNEL
@@ -76,12 +76,18 @@ def bf16_word(lo: PrimExpr, hi: PrimExpr) -> PrimExpr:
     return ((bf16_upper(lo) >> _i32(16)) & _i32(0xFFFF)) | (bf16_upper(hi) & _i32(-0x10000))
 
 
+#: A reader of packed B: (flat batch index, panel, word, lane) -> the int32 word.
+BWords = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
+
+
 @dataclass(frozen=True)
-class _Nest:
-    """The sizes and operands of one bf16 GEMM kernel."""
+class Bf16Nest:
+    """The sizes and operands of one bf16 GEMM kernel: B's `panels` of `words` words
+    read through `b_words`; `batch` the output's batch dims (A's and B's, equal; none
+    for B a constant), `rows` A's row dims within one batch entry."""
 
     a: Buffer
-    bp: Buffer
+    b_words: BWords
     out: Buffer
     epilogue: Epilogue
     rows: tuple[Any, ...]
@@ -91,22 +97,23 @@ class _Nest:
     mr: int
     nr: int
     group: int
+    words: int
+    panels: int
     isa: ISA
-
-    @property
-    def words(self) -> int:
-        return int(self.bp.shape[1])
-
-    @property
-    def panels(self) -> int:
-        return int(self.bp.shape[0])
+    batch: tuple[Any, ...] = ()
 
 
-def _convert_rows(nest: _Nest, mt: PrimExpr, abuf: Buffer) -> Stmt:
+#: Where a parallel tile is: the flat batch index and the batch index (both 0 and ()
+#: without a batch), and the row tile.
+_At = tuple[PrimExpr, tuple[PrimExpr, ...], PrimExpr]
+
+
+def _convert_rows(nest: Bf16Nest, at_: _At, abuf: Buffer) -> Stmt:
     """`abuf[r, w]`: the bfloat16 words of the tile's rows of A (rows past M read the
     last row; K past its end reads zero). One loop over the rows: the conversion is in
     the IR once, not once per row."""
     k, whole = nest.k, nest.k // PAIR_BLOCK
+    _, bi, mt = at_
     r, q, j = (Var(v, INDEX_DTYPE) for v in ("cr", "q", "j"))
     lets: list[Stmt] = []
     row = Var("crow", INDEX_DTYPE)
@@ -114,7 +121,7 @@ def _convert_rows(nest: _Nest, mt: PrimExpr, abuf: Buffer) -> Stmt:
     pre = unflatten(row, nest.rows, "cr_", lets)
 
     def at(kk: PrimExpr) -> PrimExpr:
-        return nest.a[(*pre, kk)]
+        return nest.a[(*bi, *pre, kk)]
 
     def pair(jj: PrimExpr) -> Stmt:
         return Store(abuf, bf16_word(at(q * PAIR_BLOCK + jj),
@@ -138,7 +145,7 @@ def _convert_rows(nest: _Nest, mt: PrimExpr, abuf: Buffer) -> Stmt:
     return For(r, const(0), const(nest.mr), "serial", seq(*body))
 
 
-def _panel(nest: _Nest, mt: PrimExpr, panel: PrimExpr, abuf: Buffer) -> Stmt:
+def _panel(nest: Bf16Nest, at_: _At, panel: PrimExpr, abuf: Buffer) -> Stmt:
     """One register tile: the rows' words by panel `panel`, stored through the epilogue."""
     mr, nr = nest.mr, nest.nr
     acc = Buffer("acc", (mr, nr), "float32", "local")
@@ -150,7 +157,7 @@ def _panel(nest: _Nest, mt: PrimExpr, panel: PrimExpr, abuf: Buffer) -> Stmt:
 
     def lane(v: PrimExpr) -> Stmt:
         bv = Var("b", "int32")
-        return seq(LetStmt(bv, nest.bp[panel, w, v]), *(
+        return seq(LetStmt(bv, nest.b_words(at_[0], panel, w, v)), *(
             Store(acc, Intrin(DOT2_BF16, (acc[const(r), v], xs[r], bv)), (const(r), v))
             for r in range(mr)))
 
@@ -161,12 +168,13 @@ def _panel(nest: _Nest, mt: PrimExpr, panel: PrimExpr, abuf: Buffer) -> Stmt:
     copy = lanes_loop("v", nr, lambda v: seq(*(Store(stage, acc[const(r), v], (const(r), v))
                                               for r in range(mr))))
     return seq(Allocate(acc), init, reduce, Allocate(stage), copy,
-               _stores(nest, mt, panel, stage))
+               _stores(nest, at_, panel, stage))
 
 
-def _stores(nest: _Nest, mt: PrimExpr, panel: PrimExpr, stage: Buffer) -> Stmt:
+def _stores(nest: Bf16Nest, at_: _At, panel: PrimExpr, stage: Buffer) -> Stmt:
     """The tile's rows (those before M) and columns (those before N) stored."""
     mr, nr, n = nest.mr, nest.nr, nest.n
+    _, bi, mt = at_
     n0 = panel * nr
     static_rows = isinstance(nest.m, int) and nest.m % mr == 0
     rows_here: PrimExpr = const(mr) if static_rows else min_(mr, nest.m - mt * mr)
@@ -174,7 +182,7 @@ def _stores(nest: _Nest, mt: PrimExpr, panel: PrimExpr, stage: Buffer) -> Stmt:
     def store_loops(cols: PrimExpr) -> Stmt:
         r, v, rv = Var("r", INDEX_DTYPE), Var("v", INDEX_DTYPE), Var("row", INDEX_DTYPE)
         lets: list[Stmt] = [LetStmt(rv, mt * mr + r)]
-        idx = (*unflatten(rv, nest.rows, "o", lets), n0 + v)
+        idx = (*bi, *unflatten(rv, nest.rows, "o", lets), n0 + v)
         kind = "vectorized" if isinstance(cols, Const) else "serial"
         row = For(v, const(0), cols, kind,
                   Store(nest.out, nest.epilogue(stage[r, v], idx), idx))
@@ -187,24 +195,37 @@ def _stores(nest: _Nest, mt: PrimExpr, panel: PrimExpr, stage: Buffer) -> Stmt:
     return store_loops(min_(nr, n - n0))
 
 
-def bf16_body(nest: _Nest) -> Stmt:
-    """The kernel's loop nest: parallel tiles over (panel group, row tile)."""
+def bf16_body(nest: Bf16Nest) -> Stmt:
+    """The kernel's loop nest: parallel tiles over (batch entry, panel group, row
+    tile)."""
     mtiles = (nest.m + nest.mr - 1) // nest.mr
     groups = -(-nest.panels // nest.group)
 
-    def tile(gi: PrimExpr, mt: PrimExpr) -> Stmt:
+    def tile(bf: PrimExpr, gi: PrimExpr, mt: PrimExpr) -> Stmt:
+        lets: list[Stmt] = []
+        bi = unflatten(bf, nest.batch, "bi", lets)
+        at_ = (bf, bi, mt)
         abuf = Buffer("a_bf16", (nest.mr, nest.words), "int32", "local")
-        convert = _convert_rows(nest, mt, abuf)
+        convert = _convert_rows(nest, at_, abuf)
         pj = Var("pj", INDEX_DTYPE)
         here: PrimExpr = (const(nest.group) if nest.panels % nest.group == 0
                           else min_(nest.group, nest.panels - gi * nest.group))
-        panels = For(pj, const(0), here, "serial", _panel(nest, mt, gi * nest.group + pj,
+        panels = For(pj, const(0), here, "serial", _panel(nest, at_, gi * nest.group + pj,
                                                           abuf))
-        return seq(Allocate(abuf), convert, panels)
+        return seq(*lets, Allocate(abuf), convert, panels)
 
-    madds = nest.m * nest.n * nest.k
-    return parallel_when(lambda: parallel_tiles((groups, mtiles), tile), madds,
-                         isa=nest.isa)
+    if not nest.batch:
+        return parallel_when(lambda: parallel_tiles(
+            (groups, mtiles), lambda gi, mt: tile(const(0), gi, mt)),
+            nest.m * nest.n * nest.k, isa=nest.isa)
+    entries = cast(int, dim_product(nest.batch))  # symbolic: a dim scalar's expression
+    return parallel_when(lambda: parallel_tiles((entries, groups, mtiles), tile),
+                         entries * nest.m * nest.n * nest.k, isa=nest.isa)
+
+
+def panel_group(words: int, nr: int, panels: int, isa: ISA) -> int:
+    """The panels of B one parallel tile runs (`PANEL_GROUP_L2_SHARE` of L2)."""
+    return max(1, min(panels, int(PANEL_GROUP_L2_SHARE * isa.l2_bytes) // (words * nr * 4)))
 
 
 @dataclass(frozen=True)
@@ -239,12 +260,11 @@ class Bf16Gemm(PackedGemm):
         tile = recorded_tile(attrs, 2, self.op)
         mr = tile[0] if tile else choose_tile(m, n, isa).mr
         mr = min(mr, m) if isinstance(m, int) else mr
-        nr = int(bp.shape[2])
-        panel_bytes = int(bp.shape[1]) * nr * 4
-        group = max(1, min(int(bp.shape[0]), int(PANEL_GROUP_L2_SHARE * isa.l2_bytes)
-                           // panel_bytes))
-        nest = _Nest(store.buffers[a], store.buffers[bp], store.out, store.epilogue, rows,
-                     m, n, k, mr, nr, group, isa)
+        panels, words, nr = (int(d) for d in bp.shape)
+        bb = store.buffers[bp]
+        nest = Bf16Nest(store.buffers[a], lambda bf, p, w, v: bb[p, w, v], store.out,
+                     store.epilogue, rows, m, n, k, mr, nr,
+                     panel_group(words, nr, panels, isa), words, panels, isa)
         body = bf16_body(nest)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                         {ATTR_GEMM_KERNEL: self.op})

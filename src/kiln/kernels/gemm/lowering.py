@@ -20,7 +20,7 @@ from kiln.kernels.epilogue import float32_operands
 from kiln.kernels.registry import build_call, family_of
 from kiln.ops import te
 from kiln.ops.gemm import GEMV, PACKED, TILED
-from kiln.ops.gemm_bf16 import PACKED_BF16
+from kiln.ops.gemm_bf16 import PACKED_BF16, TILED_BF16
 from kiln.target.isa import ISA
 
 
@@ -52,3 +52,4 @@ MATMUL_PACKED = GemmLowering(PACKED)
 MATMUL_TILED = GemmLowering(TILED)
 MATMUL_GEMV = GemmLowering(GEMV)
 MATMUL_PACKED_BF16 = GemmLowering(PACKED_BF16)
+MATMUL_TILED_BF16 = GemmLowering(TILED_BF16)

@@ -1,0 +1,316 @@
+"""The bfloat16 NCHWc convolution (`conv2d_nchwc_bf16`, kiln.ops.conv_bf16): float32
+NCHW{b}c activations by bfloat16 weights packed at compile time, float32 sums, for
+targets with `precision=bf16` (kiln.target.precision).
+
+The input is converted once, before the tiles, into a workspace of bfloat16 words
+`[n][P][rows][cols][b]` (`converted_input`): word `(p, j)` of a position pairs lane `j`
+of channel blocks `2p` and `2p + 1` (the pairing `pack_conv_bf16` gave the weight), two
+contiguous runs of `b` floats, so the conversion is vector code; the zero border of a
+padded layer is written in the same pass (words of two zeros), and an unpadded strided
+1x1 layer converts only the positions it reads and then runs at stride 1. Each
+input value is thus rounded once per layer rather than once per tile of output channels
+that reads it, and the workspace is half the float32 input's bytes.
+
+A tile is `tile_w` consecutive output positions x `cb` output channels of accumulators
+held at constant rows (registers), as the float32 blocked kernel's
+(kiln.kernels.conv.blocked); per input word and kernel tap, one broadcast word per
+position and `tile_w * cb` float32 lanes of `dot2_bf16` (one `vdpbf16ps` per 16 lanes:
+two multiply-adds each). Each output goes through the fused epilogue (bias, folded
+BatchNorm, activations, a residual add) in float32 as it is stored, NCHW{b}c, the
+padding channels zero (`blocked_tile_stores`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+import numpy as np
+
+from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_CONV_KERNEL, ATTR_NO_SLP
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import (
+    DOT2_BF16,
+    Allocate,
+    Buffer,
+    Intrin,
+    LetStmt,
+    PrimExpr,
+    PrimFunc,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    min_,
+    select,
+    seq,
+)
+from kiln.ir.types import TensorType
+from kiln.kernels.conv.blocked import blocked_tile_stores, choose_tiling
+from kiln.kernels.conv.family import blocked_bias
+from kiln.kernels.conv.nchwc import pointwise_tile, wide_tile
+from kiln.kernels.epilogue import float32_operands, fused_store
+from kiln.kernels.gemm.bf16 import bf16_word
+from kiln.kernels.registry import Family
+from kiln.kernels.tiles import (
+    Epilogue,
+    lanes_loop,
+    parallel_tiles,
+    parallel_when,
+    tile_lanes,
+    tile_registers,
+)
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import loop as _loop
+from kiln.kernels.tiles import nest as _nest
+from kiln.ops import layout, te
+from kiln.ops.conv_bf16 import CONV_BF16, bf16_conv_shape, pack_conv_bf16, pair_blocks
+from kiln.ops.conv_direct import unpack_blocked_weight
+from kiln.ops.conv_geometry import ConvShape, conv_shape
+from kiln.ops.packed_attrs import TILE, recorded_tile
+from kiln.ops.registry import call as make_call
+from kiln.target.isa import ISA
+
+
+def bf16_tile(shape: ConvShape, isa: ISA) -> tuple[int, int]:
+    """`(cb, tile_w)` of a layer: the float32 NCHWc kernel's rule (kiln.kernels.conv.nchwc:
+    `pointwise_tile` for a 1x1 layer, `wide_tile` for a large image, else the blocked
+    rule's two vectors x 6 positions), in whole vectors. The register budget is the
+    float32 kernel's: a `vdpbf16ps` accumulator is a float32 vector."""
+    lanes, positions = tile_lanes(isa), shape.out_h * shape.out_w
+    tile = (pointwise_tile(shape.c_out, positions, isa) if (shape.kh, shape.kw) == (1, 1)
+            else wide_tile(shape.c_out, positions, isa))
+    if tile is None:
+        t = choose_tiling(shape, lanes, tile_registers(isa))
+        tile = (t.cb, t.tile_w)
+    return tile
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One kernel's geometry as its sums see it: `shape` (stride 1 and no pads when the
+    workspace holds exactly the positions read), the workspace `xb`, the packed weight
+    and the output."""
+
+    shape: ConvShape
+    xb: Buffer
+    wp: Buffer
+    out: Buffer
+    epilogue: Epilogue
+    block: int
+    cb: int
+    tile_w: int
+    c_out: int
+
+    @property
+    def positions(self) -> int:
+        return self.shape.out_h * self.shape.out_w
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.positions // self.tile_w)
+
+    @property
+    def blocks(self) -> int:
+        """Channel tiles."""
+        return -(-self.c_out // self.cb)
+
+
+def subsampled(shape: ConvShape) -> bool:
+    """Whether the workspace holds only the positions an unpadded strided 1x1 layer reads
+    (the sums then run at stride 1 on it)."""
+    return (shape.kh, shape.kw) == (1, 1) and shape.stride != (1, 1) and not any(shape.pads)
+
+
+def converted_input(x: Buffer, shape: ConvShape, block: int, isa: ISA
+                    ) -> tuple[Buffer, ConvShape, list[Stmt]]:
+    """The bfloat16 word workspace of the NCHW{block}c input `x` (see the module
+    docstring), the geometry the sums read it with, and the statements filling it (one
+    parallel loop over images and pairs of channel blocks; per row, the border's zero
+    words and the image's converted words, `block` lanes at a time)."""
+    top, left, bottom, right = shape.pads
+    sh, sw = shape.stride
+    if subsampled(shape):
+        rows, cols = shape.out_h, shape.out_w
+        inner = replace(shape, h=rows, w=cols, stride=(1, 1))
+        top = left = bottom = right = 0
+    else:
+        rows, cols = shape.h + top + bottom, shape.w + left + right
+        inner = replace(shape, h=rows, w=cols, pads=(0, 0, 0, 0))
+        sh = sw = 1
+    cblocks = -(-shape.c_in // block)
+    pairs = pair_blocks(shape.c_in, block)
+    xb = Buffer("xbf16", (shape.n, pairs, rows, cols, block), "int32")
+    zero = as_expr(0.0, "float32")
+
+    def fill(n: PrimExpr, p: PrimExpr) -> Stmt:
+        hi_block = min_(2 * p + 1, cblocks - 1)
+        has_hi = 2 * p + 1 < cblocks
+
+        def image(i: PrimExpr, q: PrimExpr, v: PrimExpr) -> PrimExpr:
+            r, c = (i - top) * sh, (q - left) * sw
+            lo = x[n, 2 * p, r, c, v]
+            hi = select(has_hi, x[n, hi_block, r, c, v], zero) if cblocks % 2 else \
+                x[n, 2 * p + 1, r, c, v]
+            return bf16_word(lo, hi)
+
+        def rect(r: tuple[int, int], c: tuple[int, int],
+                 value: Callable[[PrimExpr, PrimExpr, PrimExpr], PrimExpr]) -> list[Stmt]:
+            if r[1] <= r[0] or c[1] <= c[0]:
+                return []
+            return [_loop("i", r[1] - r[0], lambda i: _loop(
+                "q", c[1] - c[0], lambda q: lanes_loop("v", block, lambda v: Store(
+                    xb, value(i, q, v), (n, p, i, q, v))), start=c[0]), start=r[0])]
+
+        def zeros(i: PrimExpr, q: PrimExpr, v: PrimExpr) -> PrimExpr:
+            return as_expr(0, "int32")
+
+        h_end, w_end = rows - bottom, cols - right
+        return seq(*rect((0, top), (0, cols), zeros), *rect((h_end, rows), (0, cols), zeros),
+                   *rect((top, h_end), (0, left), zeros),
+                   *rect((top, h_end), (w_end, cols), zeros),
+                   *rect((top, h_end), (left, w_end), image))
+
+    work = shape.n * pairs * rows * cols * block
+    loop = parallel_when(lambda: parallel_tiles((shape.n, pairs), fill), work, "element",
+                         isa=isa)
+    return xb, inner, [Allocate(xb), loop]
+
+
+def bf16_conv_body(layer: _Layer) -> Stmt:
+    """The parallel tiles over (image, channel tile, tile of positions)."""
+    return parallel_tiles((layer.shape.n, layer.blocks, layer.tiles),
+                          lambda n, ob, t: _tile(layer, n, ob, t))
+
+
+def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
+    """Tile `t` of channel tile `ob` of image `n`: its sums, then its stores."""
+    tile_w, cb, block, shape = layer.tile_w, layer.cb, layer.block, layer.shape
+    acc = Buffer("acc", (tile_w, cb), "float32", "local")
+    zero = as_expr(0.0, "float32")
+    head: list[Stmt] = [Allocate(acc), lanes_loop("v", cb, lambda v: seq(*(
+        Store(acc, zero, (_c(r), v)) for r in range(tile_w))))]
+    rows: list[PrimExpr] = []
+    cols: list[PrimExpr] = []
+    last = (layer.tiles - 1) * tile_w
+    for r in range(tile_w):
+        pos: PrimExpr = t * tile_w + r
+        if last + r >= layer.positions:  # past the end: read the last position
+            pos = min_(pos, layer.positions - 1)
+        rv, cv = Var(f"oh{r}", INDEX_DTYPE), Var(f"ow{r}", INDEX_DTYPE)
+        head += [LetStmt(rv, pos // shape.out_w), LetStmt(cv, pos % shape.out_w)]
+        rows.append(rv)
+        cols.append(cv)
+    sh, sw = shape.stride
+    dh, dw = shape.dilation
+
+    def step(p: PrimExpr, j: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
+        xs = [Var(f"x{r}", "int32") for r in range(tile_w)]
+        lets = [LetStmt(xv, layer.xb[n, p, rows[r] * sh + kh * dh, cols[r] * sw + kw * dw,
+                                     j]) for r, xv in enumerate(xs)]
+
+        def lane(v: PrimExpr) -> Stmt:
+            wv = Var("w", "int32")
+            return seq(LetStmt(wv, layer.wp[ob, p * block + j, kh, kw, v]), *(
+                Store(acc, Intrin(DOT2_BF16, (acc[_c(r), v], xs[r], wv)), (_c(r), v))
+                for r in range(tile_w)))
+
+        return seq(*lets, lanes_loop("v", cb, lane))
+
+    pairs = int(layer.xb.shape[1])
+    sums = _loop("p", pairs, lambda p: _loop("j", block, lambda j: _nest(
+        ("kh", "kw"), (shape.kh, shape.kw), lambda kh, kw: step(p, j, kh, kw))))
+    stage = Buffer("stage", (tile_w, cb), "float32", "local")
+    copy = lanes_loop("v", cb, lambda v: seq(*(
+        Store(stage, acc[_c(r), v], (_c(r), v)) for r in range(tile_w))))
+    real = [t * tile_w + r < layer.positions if last + r >= layer.positions else None
+            for r in range(tile_w)]
+    stores = blocked_tile_stores(layer.out, stage, layer.epilogue, n, ob, rows, cols, real,
+                                 block, layer.c_out, layer.blocks, -(-layer.c_out // block))
+    return seq(*head, sums, Allocate(stage), copy, *stores)
+
+
+@dataclass(frozen=True)
+class NchwcBf16(Family):
+    """An ungrouped `conv2d_blocked` on NCHW{b}c input (the `nchwc-layout` pass's blocked
+    call, before the float32 NCHWc family packs it) -> `conv2d_nchwc_bf16` on a
+    `precision=bf16` target with 16 float32 lanes (AVX-512)."""
+
+    def applies(self, call: g.Call, isa: ISA) -> bool:
+        x, w = call.args[0].type, call.args[1]
+        return (isa.precision == "bf16" and tile_lanes(isa) == 16
+                and call.op == "conv2d_blocked" and call.attrs.get("group", 1) == 1
+                and isinstance(w, g.Constant) and w.data.dtype == np.float32
+                and isinstance(call.attrs.get("channels"), int)
+                and isinstance(x, TensorType) and x.ndim == 5 and x.dtype == "float32"
+                and x.shape[4] == 16 and all(isinstance(d, int) for d in x.shape[1:]))
+
+    def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        x, w = call.args[0].type, call.args[1]
+        assert isinstance(x, TensorType) and isinstance(w, g.Constant)
+        channels = call.attrs["channels"]
+        assert isinstance(channels, int)  # `applies` checked it
+        oihw = unpack_blocked_weight(np.asarray(w.data), channels)
+        block = int(cast(int, x.shape[4]))
+        attrs = {k: v for k, v in call.attrs.items() if k not in (TILE, "ksegment")}
+        attrs["c_in"] = int(oihw.shape[1])
+        shape = conv_shape((x.shape[0], oihw.shape[1], x.shape[2], x.shape[3]), channels,
+                           oihw.shape[2:], attrs)
+        tile = bf16_tile(shape, isa)
+        packed = g.Constant(pack_conv_bf16(oihw, tile[0], block), w.name)
+        return make_call(CONV_BF16, call.args[0], packed, *call.args[2:],
+                         **{**attrs, TILE: tile})
+
+    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+        x, wp = args[0], args[1]
+        if not all(isinstance(d, int) for d in (*x.shape[1:], *wp.shape)):
+            return None  # only the batch may be symbolic
+        shape = bf16_conv_shape(args, attrs)
+        block = int(x.shape[4])
+        cb = int(wp.shape[4])
+        tile = recorded_tile(attrs, 2, self.op) or bf16_tile(shape, isa)
+        conv_out = layout.block_shape((shape.n, shape.c_out, shape.out_h, shape.out_w), block)
+        store = fused_store(params, anchor, result, conv_out)
+        if store is None:
+            return None
+        epilogue = store.epilogue
+        if len(args) > 2:
+            epilogue = blocked_bias(epilogue, store.buffers[args[2]], block)
+        xb, inner, prologue = converted_input(store.buffers[x], shape, block, isa)
+        tile_w = min(tile[1], shape.out_h * shape.out_w)
+        layer = _Layer(inner, xb, store.buffers[wp], store.out, epilogue, block, cb, tile_w,
+                       shape.c_out)
+        body = seq(*prologue, bf16_conv_body(layer))
+        return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
+                        {ATTR_CONV_KERNEL: self.op, ATTR_NO_SLP: True})
+
+
+NCHWC_BF16 = NchwcBf16("nchwc_bf16", CONV_BF16, (), -1)
+
+
+@dataclass(frozen=True)
+class NchwcBf16Lowering:
+    """The kernel of a `conv2d_nchwc_bf16` call (float32 input and result; the weight's
+    int32 words), built by `NCHWC_BF16` with the fused elementwise tail; the batch may be
+    symbolic."""
+
+    supports_symbolic = True
+    fuses_producers = False
+
+    def builds(self, call: g.Call) -> bool:
+        """Every call: `lower_fused` declines what the kernel does not take."""
+        return True
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
+                    attrs: Mapping[str, Any], anchor: te.Tensor | None,
+                    result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
+        """The kernel (see kiln.kernels.lowering.Lowering.lower_fused)."""
+        if not float32_operands(args[:1], result):
+            return None
+        return NCHWC_BF16.build(params, args, attrs, anchor, result, isa)
+
+
+LOWERING = NchwcBf16Lowering()

@@ -1,0 +1,150 @@
+"""`conv2d_nchwc_bf16`: a float32 NCHW{b}c convolution on bfloat16 weights (the target
+attribute `precision=bf16`, kiln.target.precision).
+
+The `nchwc-layout` pass rewrites an ungrouped `conv2d_nchwc` whose input is NCHW{b}c
+into `conv2d_nchwc_bf16(x, wp[, bias])` where the target asks for bfloat16: the OIHW
+weight rounded to bfloat16 (to nearest, ties to even) and packed at compile time into
+int32 words of two bfloat16 values, the pairs `vdpbf16ps` multiplies
+(`pack_conv_bf16`): `[ceil(co / cb)][P * b][kh][kw][cb]`, `cb` output channels side by
+side, where word `p * b + j` pairs input channel `2 * p * b + j` (low half) with
+`(2 * p + 1) * b + j` (high half): lane `j` of two consecutive channel blocks, so that
+the kernel pairs the input's values from two contiguous runs of `b` (P =
+ceil(ceil(ci / b) / 2), channels past the input's zero). Attributes: `channels` (the
+output channels), `c_in` (the input channels), `tile` = (cb, positions per tile) and
+`conv2d`'s. `x` and the result are NCHW{b}c (kiln.ops.layout), the result's padding
+channels zero.
+
+The reference rounds the input to bfloat16 as the kernel does (kiln.kernels.conv.bf16)
+and sums in float32; the te compute (the fallback where the kernel is not built) reads
+the rounded weights and the float32 input. Half the bytes of the float32 weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir.tensor import Const, PrimExpr, as_expr, min_, reinterpret, select
+from kiln.ir.types import TensorType, Type
+from kiln.ops import layout, te
+from kiln.ops.conv_geometry import ConvShape, conv_shape
+from kiln.ops.gemm_bf16 import bf16_round
+from kiln.ops.nn import conv_compute, conv_infer, conv_ref
+from kiln.ops.packed_attrs import recorded_tile
+from kiln.ops.registry import register_op
+
+CONV_BF16 = "conv2d_nchwc_bf16"
+Attrs = Mapping[str, Any]
+
+
+def pair_blocks(c_in: int, block: int) -> int:
+    """P: the pairs of input channel blocks (the last one's upper block zero when the
+    input has an odd count of blocks)."""
+    blocks = -(-c_in // block)
+    return (blocks + 1) // 2
+
+
+def pack_conv_bf16(w: np.ndarray, cb: int, block: int) -> np.ndarray:
+    """OIHW float32 weight -> int32 words `[ceil(co / cb)][P * block][kh][kw][cb]` of
+    bfloat16 pairs (see the module docstring; padding channels zero)."""
+    co, ci, kh, kw = w.shape
+    blocks, pairs = -(-co // cb), pair_blocks(ci, block)
+    full = np.zeros((blocks * cb, 2 * pairs * block, kh, kw), dtype=np.float32)
+    full[:co, :ci] = bf16_round(w)
+    bits = full.view(np.uint32).reshape(blocks, cb, pairs, 2, block, kh, kw)
+    words = (bits[:, :, :, 0] >> 16) | (bits[:, :, :, 1] & 0xFFFF0000)
+    # [blocks][cb][pairs][block][kh][kw] -> [blocks][pairs * block][kh][kw][cb]
+    words = words.transpose(0, 2, 3, 4, 5, 1).reshape(blocks, pairs * block, kh, kw, cb)
+    return np.ascontiguousarray(words).view(np.int32)
+
+
+def unpack_conv_bf16(wp: np.ndarray, c_out: int, c_in: int, block: int) -> np.ndarray:
+    """`pack_conv_bf16` undone: the bfloat16 OIHW weight as float32."""
+    blocks, pb, kh, kw, cb = wp.shape
+    pairs = pb // block
+    words = np.ascontiguousarray(wp).view(np.uint32).reshape(blocks, pairs, block, kh, kw, cb)
+    halves = np.stack([words << 16, words & 0xFFFF0000], axis=2)  # [B][P][2][b][kh][kw][cb]
+    full = np.ascontiguousarray(halves.transpose(0, 6, 1, 2, 3, 4, 5)).reshape(
+        blocks * cb, 2 * pairs * block, kh, kw)
+    return full.view(np.float32)[:c_out, :c_in].copy()
+
+
+def bf16_conv_shape(types: Sequence[Any], attrs: Attrs) -> ConvShape:
+    """The (NCHW) geometry of a `conv2d_nchwc_bf16` call on `types` (checked)."""
+    x = tuple(types[0].shape)
+    wp = tuple(int(d) for d in types[1].shape)
+    co, ci = int(attrs["channels"]), int(attrs["c_in"])
+    if len(x) != 5 or int(x[1]) != -(-ci // int(x[4])) or types[0].dtype != "float32":
+        raise IRError(f"{CONV_BF16}: input must be float32 NCHW<b>c holding {ci} channels, "
+                      f"got {types[0].dtype} {x}")
+    b = int(x[4])
+    if (len(wp) != 5 or types[1].dtype != "int32" or wp[1] != pair_blocks(ci, b) * b
+            or not (wp[0] - 1) * wp[4] < co <= wp[0] * wp[4] or wp[4] % b
+            or int(attrs.get("group", 1)) != 1):
+        raise IRError(f"{CONV_BF16}: packed weight must be int32 [co/cb]"
+                      f"[{pair_blocks(ci, b) * b}][kh][kw][cb] (cb a multiple of {b}) "
+                      f"holding {co} output channels, ungrouped; got {types[1].dtype} {wp}")
+    tile = recorded_tile(attrs, 2, CONV_BF16)
+    if tile is not None and tile[0] != wp[4]:
+        raise IRError(f"{CONV_BF16}: tile {tile} does not match the packed channel tile "
+                      f"{wp[4]}")
+    return conv_shape((x[0], ci, x[2], x[3]), co, wp[2:4], attrs)
+
+
+def _block(x: Any) -> int:
+    """The block `b` of an NCHW{b}c tensor (type or te tensor)."""
+    return int(cast(int, x.shape[4]))
+
+
+def _conv_attrs(attrs: Attrs) -> dict[str, Any]:
+    return {k: v for k, v in attrs.items() if k not in ("channels", "c_in", "tile")}
+
+
+def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    s = bf16_conv_shape(types, attrs)
+    x = types[0]
+    nchw = TensorType((x.shape[0], s.c_in, x.shape[2], x.shape[3]), "float32")
+    out = conv_infer([nchw, TensorType((s.c_out, s.c_in, s.kh, s.kw), "float32"),
+                      *types[2:]], _conv_attrs(attrs))
+    assert isinstance(out, TensorType)
+    return TensorType(layout.block_shape(out.shape, _block(x)), "float32")
+
+
+def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    s = bf16_conv_shape(inputs, attrs)
+    x, wp = inputs[0], inputs[1]
+    b = int(x.shape[4])
+    cb = int(wp.shape[4])
+    plain = te.compute((x.shape[0], s.c_in, x.shape[2], x.shape[3]),
+                       lambda n, c, h, w: x[n, c // b, h, w, c % b], "float32", "x_nchw")
+
+    def weight(o: PrimExpr, i: PrimExpr, a: PrimExpr, c: PrimExpr) -> PrimExpr:
+        word = wp[o // cb, (i // (2 * b)) * b + i % b, a, c, o % cb]
+        high = i % (2 * b) >= b
+        bits = select(high, word & Const(-0x10000, "int32"), word << Const(16, "int32"))
+        return reinterpret(bits, "float32")
+
+    w = te.compute((s.c_out, s.c_in, s.kh, s.kw), weight, "float32", "weight")
+    out = conv_compute([plain, w, *inputs[2:]], _conv_attrs(attrs))
+    co = s.c_out
+
+    def blocked(n: PrimExpr, ob: PrimExpr, h: PrimExpr, w_: PrimExpr, v: PrimExpr
+                ) -> PrimExpr:
+        ch = ob * b + v
+        return select(ch < co, out[n, min_(ch, co - 1), h, w_], as_expr(0.0, "float32"))
+
+    return te.compute(layout.block_shape(out.shape, b), blocked, "float32", "conv_bf16")
+
+
+def _ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
+         **attrs: Any) -> np.ndarray:
+    co, ci = int(attrs["channels"]), int(attrs["c_in"])
+    plain = bf16_round(layout.from_blocked(x, ci))
+    w = unpack_conv_bf16(wp, co, ci, int(x.shape[4]))
+    return layout.to_blocked(conv_ref(plain, w, b, **_conv_attrs(attrs)), int(x.shape[4]))
+
+
+register_op(CONV_BF16, pattern="anchor", infer=_infer, compute=_compute, reference=_ref)

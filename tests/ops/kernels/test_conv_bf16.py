@@ -1,0 +1,114 @@
+"""The bfloat16 NCHWc convolution (`host -precision=bf16`: kiln.ops.conv_bf16,
+kiln.kernels.conv.bf16) against float32 onnxruntime.
+
+Tolerance: bfloat16 keeps 8 significant bits (a relative rounding error up to 2^-9 on
+each of the input and the weight), so each product is off by up to about 4e-3 relative;
+on random data the errors have random signs and a chain of five layers comes out near
+4e-3 relative L2 from float32 (each layer's input rounded again). 1e-2 leaves margin
+for it and catches any wrong pairing, packing or border (errors near 1).
+
+One model, compiled once, holds the kernel's cases: a padded 3x3 layer with bias and
+ReLU on an odd count of input channel blocks (40 channels: three blocks, the last
+pair's upper block zero), a strided unpadded 1x1 layer (its input subsampled as it is
+converted), a 3x3 layer with a residual Add, a 1x1 layer to 24 channels (a partial
+output block), a strided 3x3 layer with asymmetric pads, over an image of 13x11 (tiles
+past its end) and a symbolic batch. The host must have AVX512-BF16 (the test machine,
+an AMD EPYC Zen 5, has it); elsewhere the run test skips.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.errors import TargetError
+from kiln.frontend import from_onnx
+from kiln.ops.conv_bf16 import pack_conv_bf16, unpack_conv_bf16
+from kiln.ops.gemm_bf16 import bf16_round
+from kiln.target import Target
+from support.graphs import GraphBuilder
+from support.reference import onnxruntime_outputs
+
+RNG = np.random.default_rng(63)
+TOL = 1e-2  # against float32 (see the module docstring)
+CONVS = 5
+
+
+def _weight(*shape: int) -> np.ndarray:
+    return (RNG.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+
+def _model() -> Any:
+    b = GraphBuilder()
+    x = b.input("x", ("N", 40, 13, 11))
+    y = b.op("Relu", b.op("Conv", x, b.const(_weight(48, 40, 3, 3)),
+                          b.const(_weight(48)), pads=[1, 1, 1, 1]))
+    y = b.op("Conv", y, b.const(_weight(64, 48, 1, 1)), strides=[2, 2])
+    y = b.op("Add", y, b.op("Conv", y, b.const(_weight(64, 64, 3, 3)),
+                            b.const(_weight(64)), pads=[1, 1, 1, 1]))
+    y = b.op("Conv", y, b.const(_weight(24, 64, 1, 1)))
+    y = b.op("Conv", y, b.const(_weight(40, 24, 3, 3)), strides=[2, 2], pads=[0, 1, 1, 0])
+    b.node("Relu", [y], ["out"])
+    b.output("out", ("N", 40, 3, 3))
+    return b.model()
+
+
+def _bf16_host() -> Target:
+    try:
+        return Target("host -precision=bf16")
+    except TargetError as err:
+        pytest.skip(f"this host cannot run precision=bf16: {err}")
+
+
+@pytest.fixture(scope="module")
+def built() -> tuple[Any, Any]:
+    target = _bf16_host()
+    model = _model()
+    return kiln.compile(from_onnx(model), target), model
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_bf16_conv_matches_float32(built: Any, batch: int) -> None:
+    ex, model = built
+    x = RNG.standard_normal((batch, 40, 13, 11)).astype(np.float32)
+    want = onnxruntime_outputs(model, {"x": x})[0]
+    got = np.asarray(ex["main"](x))
+    assert got.shape == want.shape
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL
+
+
+def test_every_layer_runs_in_bfloat16(built: Any) -> None:
+    ex, _ = built
+    kernels = [f.attrs.get("kiln.conv_kernel") for f in ex.ir.functions.values()
+               if hasattr(f, "attrs")]
+    assert kernels.count("conv2d_nchwc_bf16") == CONVS
+    assert "conv2d_nchwc" not in kernels
+
+
+def test_pack_round_trips_the_rounded_weights() -> None:
+    w = _weight(40, 50, 3, 3)
+    w[0, 0, 0, 0] = 1.0 + 2.0 ** -8  # a tie rounds to even
+    for block in (16, 8):
+        packed = pack_conv_bf16(w, 32, block)
+        # 50 channels: 4 blocks of 16 (2 pairs), 7 of 8 (4 pairs, the last upper block zero)
+        assert packed.shape == (2, 32, 3, 3, 32) and packed.dtype == np.int32
+        back = unpack_conv_bf16(packed, 40, 50, block)
+        assert back[0, 0, 0, 0] == 1.0
+        np.testing.assert_array_equal(back, bf16_round(w))
+
+
+def test_sapphirerapids_build_only() -> None:
+    """A library for another CPU with the instructions (AMX too) builds on any host; it
+    is not loaded (the loader refuses it on a host without AMX)."""
+    b = GraphBuilder()
+    x = b.input("x", ("N", 32, 8, 8))
+    y = b.op("Conv", x, b.const(_weight(32, 32, 1, 1)))
+    y = b.op("Conv", y, b.const(_weight(32, 32, 3, 3)), pads=[1, 1, 1, 1], strides=[2, 2])
+    b.node("Conv", [y, b.const(_weight(16, 32, 1, 1))], ["y"])
+    b.output("y", ("N", 16, 4, 4))
+    target = Target("llvm -mcpu=sapphirerapids -precision=bf16")
+    ex = kiln.compile(from_onnx(b.model()), target)  # the object file, not linked or loaded
+    assert "conv2d_nchwc_bf16" in ex.ir.script() and "kernels.o" in ex.artifacts.inspect()
