@@ -47,12 +47,14 @@ def vgg(batch: int = 2) -> onnx.ModelProto:
     return b.model([vi("image", [batch, 3, 32, 32])], [vi("logits", [batch, 10])], 12, "vgg")
 
 
-def resnet18(batch: int = 1) -> onnx.ModelProto:
+def resnet18(batch: int = 1, widths: tuple[int, ...] = (8, 16, 24, 32)) -> onnx.ModelProto:
+    """ResNet-18's layout: two basic blocks per stage of `widths` (the first stage at
+    stride 1, each later one opening with a stride-2 block and a projection shortcut)."""
     b = GraphBuilder(2)
     h = b.op("Relu", b.bn(b.conv("image", 3, 8, 7, stride=2, bias=False), 8))
     h = b.op("MaxPool", h, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     cin = 8
-    for stage, width in enumerate((8, 16, 24, 32)):
+    for stage, width in enumerate(widths):
         for block in range(2):
             stride = 2 if stage > 0 and block == 0 else 1
             y = b.op("Relu", b.bn(b.conv(h, cin, width, 3, stride, bias=False), width))
