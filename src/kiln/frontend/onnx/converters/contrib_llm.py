@@ -243,18 +243,25 @@ def dequantize_nbits(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     k, n, bits, block = _nbits_attrs(attrs)
     blocks = -(-k // block)
     blob = block * bits // 8
-    b = need_constant(ctx, inputs[1], "MatMulNBits B (the packed weight)")
-    if b.dtype != np.uint8 or b.size != n * blocks * blob:
-        raise IRError(f"MatMulNBits B of type {b.dtype} and shape {list(b.shape)}: expected "
-                      f"uint8 [{n}, {blocks}, {blob}] (N, k_blocks, blob_size)")
-    assert inputs[2] is not None
-    scales = _block_params(ctx, inputs[2], n, blocks, "scales").astype(np.float32)
+    b, scales = _nbits_b_and_scales(ctx, inputs, n, blocks, blob)
     zp_input = inputs[3] if len(inputs) > 3 else None
     zp = _zero_points(ctx, zp_input, n, blocks, bits)
     codes = _unpack(b.reshape(n, blocks * blob), bits, k).astype(np.float32)
     at = _block_of_k(ctx, inputs[4] if len(inputs) > 4 else None, zp_input, k, block, blocks)
     weight = (codes - zp[:, at]) * scales[:, at]
     return np.ascontiguousarray(weight.T)
+
+
+def _nbits_b_and_scales(ctx: GraphContext, inputs: Sequence[g.Expr | None], n: int,
+                        blocks: int, blob: int) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits' packed B (uint8, N * k_blocks * blob bytes, checked) and its scales as
+    float32 [N, k_blocks]: the constants both the packed and the float path read."""
+    b = need_constant(ctx, inputs[1], "MatMulNBits B (the packed weight)")
+    if b.dtype != np.uint8 or b.size != n * blocks * blob:
+        raise IRError(f"MatMulNBits B of type {b.dtype} and shape {list(b.shape)}: expected "
+                      f"uint8 [{n}, {blocks}, {blob}] (N, k_blocks, blob_size)")
+    assert inputs[2] is not None
+    return b, _block_params(ctx, inputs[2], n, blocks, "scales").astype(np.float32)
 
 
 def float32_input(ctx: GraphContext, inputs: Sequence[g.Expr | None],
@@ -278,12 +285,7 @@ def _packed_nbits(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     if bits not in NBITS_WIDTHS or block > 256 or (len(inputs) > 4 and inputs[4] is not None):
         return None
     blocks, blob = -(-k // block), block * bits // 8
-    b = need_constant(ctx, inputs[1], "MatMulNBits B (the packed weight)")
-    if b.dtype != np.uint8 or b.size != n * blocks * blob:
-        raise IRError(f"MatMulNBits B of type {b.dtype} and shape {list(b.shape)}: expected "
-                      f"uint8 [{n}, {blocks}, {blob}] (N, k_blocks, blob_size)")
-    assert inputs[2] is not None
-    scales = _block_params(ctx, inputs[2], n, blocks, "scales").astype(np.float32)
+    b, scales = _nbits_b_and_scales(ctx, inputs, n, blocks, blob)
     operands = [ctx.const(np.ascontiguousarray(b.reshape(n, blocks, blob))), ctx.const(scales)]
     zp = inputs[3] if len(inputs) > 3 else None
     if zp is not None:
