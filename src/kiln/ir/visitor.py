@@ -38,7 +38,7 @@ import re
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kiln.errors import IRError
@@ -77,9 +77,16 @@ class ChildFields:
 
     walk: tuple[tuple[str, str], ...]
     names: tuple[str, ...]
+    # of()'s answers: every walk asks the same few role sets, per node, many times
+    _of: dict[tuple[str, ...], tuple[str, ...]] = field(
+        default_factory=dict, compare=False, repr=False)
 
-    def of(self, role: str) -> tuple[str, ...]:
-        return tuple(name for name, r in self.walk if r == role)
+    def of(self, *roles: str) -> tuple[str, ...]:
+        """The fields of `walk` whose role is one of `roles`, in walking order."""
+        found = self._of.get(roles)
+        if found is None:
+            found = self._of[roles] = tuple(name for name, r in self.walk if r in roles)
+        return found
 
 
 def _leaf_types(hint: Any) -> tuple[set[type], bool]:
@@ -133,14 +140,16 @@ def child_fields(cls: type) -> ChildFields:
     return found
 
 
-def _values(node: object, names: tuple[str, ...]) -> Iterator[Any]:
+def _values(node: object, names: tuple[str, ...]) -> list[Any]:
     """The values held in fields `names`, tuples flattened and None dropped."""
+    out: list[Any] = []
     for name in names:
         value = getattr(node, name)
         if isinstance(value, tuple):
-            yield from value
+            out.extend(value)
         elif value is not None and not isinstance(value, int):  # an int offset: no node
-            yield value
+            out.append(value)
+    return out
 
 
 def _rebuild(node: _N, new: dict[str, Any]) -> _N:
@@ -178,7 +187,8 @@ def _handler(walker: type, node: type) -> Callable[[Any, Any], Any] | None:
 
 
 def _dispatch(obj: object, node: object, kind: str) -> Any:
-    method = _handler(type(obj), type(node))
+    # the cache first: this runs once per node of every walk
+    method = _HANDLERS.get((type(obj), type(node))) or _handler(type(obj), type(node))
     if method is None:
         raise IRError(f"{type(obj).__name__}: no visit method for {kind} {type(node).__name__}")
     return method(obj, node)
@@ -205,14 +215,12 @@ def stmt_children(s: t.Stmt) -> tuple[t.Stmt, ...]:
 def operands(node: t.PrimExpr | t.Stmt) -> tuple[t.PrimExpr | t.Buffer, ...]:
     """The expressions and buffers `node` uses directly, in evaluation order (a Load's
     buffer before its indices, a Store's buffer, a view's source, call arguments)."""
-    fields = child_fields(type(node))
-    return tuple(_values(node, tuple(n for n, r in fields.walk if r in (EXPR, BUFFER))))
+    return tuple(_values(node, child_fields(type(node)).of(EXPR, BUFFER)))
 
 
 def definitions(s: t.Stmt) -> tuple[t.Var | t.Buffer, ...]:
     """The variables and buffers statement `s` binds (a loop's variable, an allocation)."""
-    fields = child_fields(type(s))
-    return tuple(_values(s, tuple(n for n, r in fields.walk if r in (VAR_DEF, BUFFER_DEF))))
+    return tuple(_values(s, child_fields(type(s)).of(VAR_DEF, BUFFER_DEF)))
 
 
 def iter_stmts(stmt: t.Stmt) -> Iterator[t.Stmt]:
@@ -234,9 +242,8 @@ def iter_exprs(*exprs: t.PrimExpr) -> Iterator[t.PrimExpr]:
 
 
 def _node_children(node: object) -> list[t.Stmt | t.PrimExpr]:
-    fields = child_fields(type(node))
-    names = tuple(n for n, r in fields.walk if r in (EXPR, STMT))
-    return [c for c in _values(node, names) if isinstance(c, (t.PrimExpr, t.Stmt))]
+    return [c for c in _values(node, child_fields(type(node)).of(EXPR, STMT))
+            if isinstance(c, (t.PrimExpr, t.Stmt))]
 
 
 def iter_nodes(root: t.Stmt | t.PrimExpr) -> Iterator[t.Stmt | t.PrimExpr]:
