@@ -24,7 +24,7 @@ from kiln.codegen.llvm.target_machine import llvm_binding
 from kiln.codegen.naming import consts_symbol, kernel_symbol
 from kiln.errors import CallError, FormatError, KilnError
 from kiln.runtime import LoadContext, Module, RawKernelFunction
-from kiln.runtime.cpu_features import CPUFeatureError, skip_requested
+from kiln.runtime.cpu_features import CPUFeatureError, request_amx_permission, skip_requested
 from kiln.runtime.lifetime import CallGuard
 
 
@@ -180,8 +180,11 @@ def _check_host(llvm: Any, triple: str, cpu: str, features: str) -> None:
     if skip_requested():
         return
     host_features = dict(llvm.get_host_cpu_features())
-    missing = [f for f in required_features(triple, cpu, features)
-               if host_features.get(f) is False]
+    required = required_features(triple, cpu, features)
+    missing = [f for f in required if host_features.get(f) is False]
     if missing:
         raise CPUFeatureError(f"llvmjit: the module needs CPU feature(s) {', '.join(missing)} "
                               "that this machine lacks; recompile it for this host")
+    if any(f.startswith("amx-") for f in required) and not request_amx_permission():
+        raise CPUFeatureError("llvmjit: the module uses AMX tiles, but Linux refused this "
+                              "process the AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM)")

@@ -12,7 +12,9 @@ word of K, one broadcast A word per row and `mr * nr` float32 lanes of `dot2_bf1
 constant rows so they stay in registers, as the float32 micro-kernel's
 (kiln.kernels.gemm.micro_kernel). Each output then goes through the fused epilogue in
 float32. Rows past M read the last row (symbolic M: a tile count of the kernel's dim
-scalars), columns past N multiply zero weights and are not stored.
+scalars), columns past N multiply zero weights and are not stored. On a target with
+AMX-BF16 the register tile is a block of AMX tiles instead (kiln.kernels.gemm.amx_bf16:
+the same packing, the same converted rows, tiles of 16 or 32 rows and columns).
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels.epilogue import fused_store
+from kiln.kernels.gemm.amx_bf16 import (
+    amx_begin,
+    amx_end,
+    amx_stage,
+    amx_tile,
+    is_amx_tile,
+    uses_amx,
+)
 from kiln.kernels.gemm.families import PackedGemm, choose_tile, constant_b
 from kiln.kernels.gemm.micro_kernel import unflatten
 from kiln.kernels.tiles import Epilogue, const, lanes_loop, parallel_tiles, parallel_when
@@ -101,6 +111,9 @@ class Bf16Nest:
     panels: int
     isa: ISA
     batch: tuple[Any, ...] = ()
+    #: The packed B buffer `[panels][words][nr]` when AMX tiles compute each register
+    #: tile (kiln.kernels.gemm.amx_bf16); None: `dot2_bf16` vectors.
+    amx: Buffer | None = None
 
 
 #: Where a parallel tile is: the flat batch index and the batch index (both 0 and ()
@@ -148,6 +161,11 @@ def _convert_rows(nest: Bf16Nest, at_: _At, abuf: Buffer) -> Stmt:
 def _panel(nest: Bf16Nest, at_: _At, panel: PrimExpr, abuf: Buffer) -> Stmt:
     """One register tile: the rows' words by panel `panel`, stored through the epilogue."""
     mr, nr = nest.mr, nest.nr
+    if nest.amx is not None:
+        stage = Buffer("stage", (mr, nr), "float32", "local")
+        return seq(Allocate(stage), amx_stage(stage, abuf, nest.amx,
+                                              panel * (nest.words * nr), nest.words, mr, nr),
+                   _stores(nest, at_, panel, stage))
     acc = Buffer("acc", (mr, nr), "float32", "local")
     zero = as_expr(0.0, "float32")
     init = lanes_loop("v", nr, lambda v: seq(*(Store(acc, zero, (const(r), v))
@@ -210,8 +228,10 @@ def bf16_body(nest: Bf16Nest) -> Stmt:
         pj = Var("pj", INDEX_DTYPE)
         here: PrimExpr = (const(nest.group) if nest.panels % nest.group == 0
                           else min_(nest.group, nest.panels - gi * nest.group))
-        panels = For(pj, const(0), here, "serial", _panel(nest, at_, gi * nest.group + pj,
-                                                          abuf))
+        panels: Stmt = For(pj, const(0), here, "serial",
+                           _panel(nest, at_, gi * nest.group + pj, abuf))
+        if nest.amx is not None:  # the tiles configured once per parallel tile
+            panels = seq(amx_begin(), panels, amx_end())
         return seq(*lets, Allocate(abuf), convert, panels)
 
     if not nest.batch:
@@ -239,6 +259,12 @@ class Bf16Gemm(PackedGemm):
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
         return []
 
+    def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        if not uses_amx(isa):
+            return super().pack(call, isa)
+        m, n = self._mn(call)
+        return self.pack_tile(call, isa, amx_tile(m, n))
+
     def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
         a, b = call.args
         assert isinstance(b, g.Constant)
@@ -258,13 +284,15 @@ class Bf16Gemm(PackedGemm):
             return None
         m = dim_product(rows)
         tile = recorded_tile(attrs, 2, self.op)
-        mr = tile[0] if tile else choose_tile(m, n, isa).mr
-        mr = min(mr, m) if isinstance(m, int) else mr
         panels, words, nr = (int(d) for d in bp.shape)
         bb = store.buffers[bp]
+        amx = uses_amx(isa) and tile is not None and is_amx_tile(tile)
+        mr = tile[0] if tile else choose_tile(m, n, isa).mr
+        mr = min(mr, m) if isinstance(m, int) and not amx else mr
         nest = Bf16Nest(store.buffers[a], lambda bf, p, w, v: bb[p, w, v], store.out,
                      store.epilogue, rows, m, n, k, mr, nr,
-                     panel_group(words, nr, panels, isa), words, panels, isa)
+                     panel_group(words, nr, panels, isa), words, panels, isa,
+                     amx=bb if amx else None)
         body = bf16_body(nest)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                         {ATTR_GEMM_KERNEL: self.op})
