@@ -130,7 +130,7 @@ def _install_amx() -> None:
         register_extern_reference(name, (), "int32", lambda: 0)
     for tm, tn in amx.AMX_BLOCKS:
         register_extern_reference(
-            amx.amx_bf16_block(tm, tn), ("buffer",) * 3 + ("int",) * 5, "int32",
+            amx.amx_bf16_block(tm, tn), ("buffer",) * 3 + ("int",) * 6, "int32",
             functools.partial(amx.bf16_block_reference, tm, tn))
 
 

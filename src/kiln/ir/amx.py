@@ -15,10 +15,10 @@ built (kiln.target.precision), so it never meets them.
   the thread that runs that tile, before the blocks.
 - `AMX_TILE_RELEASE()`: returns the tiles to their initial state (the OS then saves
   no tile data on a context switch); once per parallel tile, after the blocks.
-- `amx_bf16_block(tm, tn)(c, a, b, b_offset, steps, lda, ldb, ldc)`: the float32
-  product of `16 * tm` rows of bfloat16 pairs by `16 * tn` columns, over `16 * steps`
-  int32 words of K, stored (not added) to `c`:
-  `c[r * ldc + col] = sum over w < 16 * steps of dot2(a[r * lda + w],
+- `amx_bf16_block(tm, tn)(c, a, b, a_offset, b_offset, steps, lda, ldb, ldc)`: the
+  float32 product of `16 * tm` rows of bfloat16 pairs by `16 * tn` columns, over
+  `16 * steps` int32 words of K, stored (not added) to `c`:
+  `c[r * ldc + col] = sum over w < 16 * steps of dot2(a[a_offset + r * lda + w],
   b[b_offset + w * ldb + col])`, r < 16 * tm, col < 16 * tn, where `dot2` is the sum
   of the two products of the words' bfloat16 halves (the low halves and the high
   halves: the pairing both operands were packed with). `a` and `b` are int32 buffers,
@@ -74,11 +74,12 @@ def _halves(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def bf16_block_reference(tm: int, tn: int, c: np.ndarray, a: np.ndarray, b: np.ndarray,
-                         b_offset: int, steps: int, lda: int, ldb: int, ldc: int) -> int:
+                         a_offset: int, b_offset: int, steps: int, lda: int, ldb: int,
+                         ldc: int) -> int:
     """The block call on flat numpy buffers (the interpreter's rule for it)."""
     rows, cols, words = TILE_ROWS * tm, TILE_WORDS * tn, TILE_WORDS * steps
     r, w, col = np.arange(rows), np.arange(words), np.arange(cols)
-    aw = a[r[:, None] * lda + w[None, :]]
+    aw = a[a_offset + r[:, None] * lda + w[None, :]]
     bw = b[b_offset + w[:, None] * ldb + col[None, :]]
     (alo, ahi), (blo, bhi) = _halves(aw), _halves(bw)
     out = alo @ blo + ahi @ bhi

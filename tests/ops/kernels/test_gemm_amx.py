@@ -2,13 +2,14 @@
 `precision=bf16` target with AMX-BF16, built on any host.
 
 One build for `-mcpu=sapphirerapids` holds every case as a branch: remainders of M
-(symbolic, 37 rows: one whole and one partial tile of 32), N (70: two panels of 32 and
-a partial one) and K (45: part of a second block of 32), Gemm's transB with bias and
-ReLU on 16-row tiles (M = 5), and a 16-column panel (N = 12). Its assembly holds the
-tile instructions; its IR, run on the reference interpreter (whose AMX block is the
-numpy product of kiln.ir.amx), matches float32 numpy; on a host without AMX its library
-is refused at load (in a subprocess: nothing of it runs), and where the host has AMX
-it runs natively against the same references. The c backend refuses `precision=bf16`
+(symbolic, 37 rows: one whole and one partial tile of 32), N (70: two panels of 32 and a
+partial one) and K (45: part of a second block of 32), Gemm's transB with bias and ReLU
+on 16-row tiles (M = 5), a 16-column panel (N = 12), and K = 1030, whose 32 converted
+rows would not fit the stack (converted once into a heap buffer instead). Its assembly
+holds the tile instructions; its IR, run on the reference interpreter (whose AMX block
+is the numpy product of kiln.ir.amx), matches float32 numpy; on a host without AMX its
+library is refused at load (in a subprocess: nothing of it runs), and where the host has
+AMX it runs natively against the same references. The c backend refuses `precision=bf16`
 when the target is built (kiln.target.precision), so it never meets the AMX calls.
 Tolerances as in test_gemm_bf16.py.
 """
@@ -45,6 +46,7 @@ CASES = [  # (name, A's shape, K, N, Gemm with transB, bias and ReLU)
     ("remainders", ("M", 45), 45, 70, False),
     ("gemm_16_rows", (5, 64), 64, 40, True),
     ("one_panel", (20, 33), 33, 12, False),
+    ("long_k", (20, 1030), 1030, 20, False),  # A's words on the heap, not the stack
 ]
 ROWS = 37  # the symbolic M fed
 
@@ -126,6 +128,7 @@ def test_assembly_holds_the_tile_instructions(built: Any) -> None:
     text = ex.ir.script()
     assert "__kiln_amx_bf16_2x2" in text and "__kiln_amx_bf16_1x2" in text
     assert "__kiln_amx_bf16_2x1" in text
+    assert re.search(r'a_bf16 = T\.allocate\(\(32, 528\), "int32", scope="global"\)', text)
 
 
 def test_amx_kernels_on_the_interpreter(built: Any) -> None:

@@ -81,8 +81,8 @@ def _at(b: ir.IRBuilder, base: ir.Value, words: ir.Value) -> ir.Value:
 def _block(module: ir.Module, name: str, tm: int, tn: int) -> ir.Function:
     """`amx_bf16_block(tm, tn)`: tilezero the accumulators, one asm statement per step
     of 16 words (the A and B tile loads, then every tdpbf16ps), then tilestored."""
-    fn, b = _function(module, name, [PTR, PTR, PTR, I64, I64, I64, I64, I64])
-    c, a, bm, b_offset, steps, lda, ldb, ldc = fn.args
+    fn, b = _function(module, name, [PTR, PTR, PTR, I64, I64, I64, I64, I64, I64])
+    c, a_base, bm, a_offset, b_offset, steps, lda, ldb, ldc = fn.args
     acc = [[i * tn + j for j in range(tn)] for i in range(tm)]
     a_reg = [tm * tn + i for i in range(tm)]
     b_reg = [tm * tn + tm + j for j in range(tn)]
@@ -92,7 +92,7 @@ def _block(module: ir.Module, name: str, tm: int, tn: int) -> ir.Function:
     words = ir.Constant(I64, amx.TILE_WORDS)
     four = ir.Constant(I64, _WORD)
     a_stride, b_stride = b.mul(lda, four), b.mul(ldb, four)
-    b_base = _at(b, bm, b_offset)
+    a, b_base = _at(b, a_base, a_offset), _at(b, bm, b_offset)
     head, body, done = (fn.append_basic_block(x) for x in ("step", "body", "done"))
     entry = b.block
     b.branch(head)

@@ -64,13 +64,15 @@ def amx_end() -> Stmt:
     return _call(AMX_TILE_RELEASE)
 
 
-def amx_stage(stage: Buffer, abuf: Buffer, bp: Buffer, b_offset: PrimExpr, words: int,
-              mr: int, nr: int) -> Stmt:
-    """`stage[mr][nr]` = A's converted rows `abuf[mr][words]` by the packed panel of
-    `bp` that starts at element `b_offset` (`[words][nr]` int32 words)."""
+def amx_stage(stage: Buffer, abuf: Buffer, a_offset: PrimExpr, bp: Buffer,
+              b_offset: PrimExpr, words: int, mr: int, nr: int) -> Stmt:
+    """`stage[mr][nr]` = the `mr` converted rows of A at element `a_offset` of `abuf`
+    (rows of `words` int32 words) by the packed panel of `bp` that starts at element
+    `b_offset` (`[words][nr]` int32 words)."""
     name = amx_bf16_block(mr // TILE_ROWS, nr // TILE_WORDS)
-    return _call(name, stage, abuf, bp, b_offset, Const(words // TILE_WORDS, "int64"),
-                 Const(words, "int64"), Const(nr, "int64"), Const(nr, "int64"))
+    return _call(name, stage, abuf, bp, a_offset, b_offset,
+                 Const(words // TILE_WORDS, "int64"), Const(words, "int64"),
+                 Const(nr, "int64"), Const(nr, "int64"))
 
 
 __all__ = ["AMX_SIDES", "amx_begin", "amx_end", "amx_stage", "amx_tile", "is_amx_tile",
