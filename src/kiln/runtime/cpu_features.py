@@ -289,6 +289,8 @@ def check_library(lib: ctypes.CDLL, prefix: str, required: Iterable[str], triple
     which checks the same list, so nothing of the library but that function runs.
     """
     need = sorted(set(required))
+    if skip_requested() and any(f.startswith("amx-") for f in need):
+        request_amx_permission()  # the check skipped, AMX code still needs the tile data
     if not need or skip_requested() or triple.split("-", 1)[0] != machine_arch():
         return  # nothing to check, or another architecture (the loader refuses the file)
     try:

@@ -33,16 +33,16 @@ from kiln.ir import graph as g
 from kiln.ir.types import TensorType
 from kiln.kernels.gemm.amx_bf16 import uses_amx
 from kiln.kernels.gemm.bf16 import GEMM_BF16
-from kiln.ops.gemm_bf16 import bf16_round
 from kiln.ops.registry import call
 from kiln.target import Target
 from kiln.target.isa import isa_for
-from support.graphs import GraphBuilder
+from support.bf16_gemms import Case, Weights, gemm_model, gemm_reference
+from support.numerics import rel_l2
 
 RNG = np.random.default_rng(630)
 TOL, TIGHT = 1e-2, 1e-5
 SPR = "llvm -mtriple=x86_64-linux-gnu -mcpu=sapphirerapids -precision=bf16"
-CASES = [  # (name, A's shape, K, N, Gemm with transB, bias and ReLU)
+CASES: list[Case] = [  # (name, A's shape, K, N, Gemm with transB, bias and ReLU)
     ("remainders", ("M", 45), 45, 70, False),
     ("gemm_16_rows", (5, 64), 64, 40, True),
     ("one_panel", (20, 33), 33, 12, False),
@@ -51,28 +51,9 @@ CASES = [  # (name, A's shape, K, N, Gemm with transB, bias and ReLU)
 ROWS = 37  # the symbolic M fed
 
 
-def _model() -> tuple[Any, dict[str, tuple[np.ndarray, np.ndarray | None]]]:
-    b = GraphBuilder()
-    weights: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
-    for name, shape, k, n, gemm in CASES:
-        x = b.input(f"x_{name}", shape)
-        w = RNG.standard_normal((n, k) if gemm else (k, n)).astype(np.float32)
-        out = f"y_{name}"
-        if gemm:
-            bias = RNG.standard_normal(n).astype(np.float32)
-            y = b.op("Gemm", x, b.const(w, "w"), b.const(bias, "bias"), transB=1)
-            b.node("Relu", [y], [out])
-            weights[name] = (w.T, bias)
-        else:
-            b.node("MatMul", [x, b.const(w, "w")], [out])
-            weights[name] = (w, None)
-        b.output(out, (*shape[:-1], n))
-    return b.model(), weights
-
-
 @pytest.fixture(scope="module")
-def built() -> tuple[Any, dict[str, tuple[np.ndarray, np.ndarray | None]]]:
-    model, weights = _model()
+def built() -> tuple[Any, Weights]:
+    model, weights = gemm_model(CASES, RNG)
     return kiln.compile(from_onnx(model), Target(SPR)), weights
 
 
@@ -82,25 +63,13 @@ def _feeds() -> dict[str, np.ndarray]:
             for name, shape, *_ in CASES}
 
 
-def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
-               rounded: bool) -> np.ndarray:
-    if rounded:  # the operands rounded as the kernel rounds them, summed in float64
-        x, w = bf16_round(x).astype(np.float64), bf16_round(w).astype(np.float64)
-    y = x @ w
-    return np.maximum(y + bias, 0) if bias is not None else y
-
-
-def _rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
 def _check(outs: list[np.ndarray], feeds: dict[str, np.ndarray],
-           weights: dict[str, tuple[np.ndarray, np.ndarray | None]]) -> None:
+           weights: Weights) -> None:
     for (name, *_), got in zip(CASES, outs):
         w, bias = weights[name]
         x = feeds[f"x_{name}"]
-        assert _rel_l2(got, _reference(x, w, bias, False)) <= TOL, name
-        assert _rel_l2(got, _reference(x, w, bias, True)) <= TIGHT, name
+        assert rel_l2(got, gemm_reference(x, w, bias, False)) <= TOL, name
+        assert rel_l2(got, gemm_reference(x, w, bias, True)) <= TIGHT, name
 
 
 def test_the_target_chooses_amx_through_mcpu_or_mattr() -> None:
