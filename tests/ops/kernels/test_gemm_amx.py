@@ -10,7 +10,7 @@ holds the tile instructions; its IR, run on the reference interpreter (whose AMX
 is the numpy product of kiln.ir.amx), matches float32 numpy; on a host without AMX its
 library is refused at load (in a subprocess: nothing of it runs), and where the host has
 AMX it runs natively against the same references. The c backend refuses `precision=bf16`
-when the target is built (kiln.target.precision), so it never meets the AMX calls.
+when the target is built (kiln.target.precision), and the AMX calls with a CompileError.
 Tolerances as in test_gemm_bf16.py.
 """
 
@@ -27,9 +27,12 @@ import pytest
 
 import kiln
 from kiln.artifact.inspect import inspect_artifact
-from kiln.errors import TargetError
+from kiln.errors import CompileError, TargetError
 from kiln.frontend import from_onnx
+from kiln.ir import IRModule
 from kiln.ir import graph as g
+from kiln.ir.amx import AMX_TILE_CONFIG
+from kiln.ir.tensor import Buffer, CallExtern, Const, PrimFunc, Store
 from kiln.ir.types import TensorType
 from kiln.kernels.gemm.amx_bf16 import uses_amx
 from kiln.kernels.gemm.bf16 import GEMM_BF16
@@ -144,6 +147,10 @@ def test_amx_library_refused_or_run(built: Any, tmp_path: Path) -> None:
            feeds, weights)
 
 
-def test_c_backend_refuses_bf16() -> None:
+def test_c_backend_refuses_bf16_and_the_amx_calls() -> None:
     with pytest.raises(TargetError, match="code generator"):
         Target("c -mcpu=sapphirerapids -precision=bf16")
+    out = Buffer("out", (1,), "int32")
+    body = Store(out, CallExtern(AMX_TILE_CONFIG, (), "int32"), (Const(0, "int64"),))
+    with pytest.raises(CompileError, match="llvm backend only"):
+        kiln.compile(IRModule({"f": PrimFunc((out,), body)}), "c")
