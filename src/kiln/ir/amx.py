@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.errors import IRError
+
 #: The tile configuration call (ldtilecfg).
 AMX_TILE_CONFIG = "__kiln_amx_tile_config"
 #: The tile release call (tilerelease).
@@ -49,7 +51,7 @@ _BLOCK_PREFIX = "__kiln_amx_bf16_"
 def amx_bf16_block(tm: int, tn: int) -> str:
     """The name of the `tm` x `tn` tile block call (see the module docstring)."""
     if (tm, tn) not in AMX_BLOCKS:
-        raise ValueError(f"no AMX block of {tm} x {tn} tiles; blocks: {AMX_BLOCKS}")
+        raise IRError(f"no AMX block of {tm} x {tn} tiles; blocks: {AMX_BLOCKS}")
     return f"{_BLOCK_PREFIX}{tm}x{tn}"
 
 
