@@ -7,6 +7,7 @@ buffers. `register_extern_reference` (re-exported by `kiln.ir.evaluate`) adds mo
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir import amx
 from kiln.ir import dtype as dt
 from kiln.ir._interp_runtime import Fault
 
@@ -119,3 +121,17 @@ def _memset(dst: np.ndarray, value: int, n: int) -> int:
 register_extern_reference("memcpy", ("buffer", "buffer", "int"), None, _memcpy)
 register_extern_reference("memmove", ("buffer", "buffer", "int"), None, _memcpy)
 register_extern_reference("memset", ("buffer", "int", "int"), None, _memset)
+
+
+def _install_amx() -> None:
+    """The AMX tile calls a kernel makes (kiln.ir.amx): configuration and release do
+    nothing here; a block runs its numpy reference."""
+    for name in (amx.AMX_TILE_CONFIG, amx.AMX_TILE_RELEASE):
+        register_extern_reference(name, (), "int32", lambda: 0)
+    for tm, tn in amx.AMX_BLOCKS:
+        register_extern_reference(
+            amx.amx_bf16_block(tm, tn), ("buffer",) * 3 + ("int",) * 6, "int32",
+            functools.partial(amx.bf16_block_reference, tm, tn))
+
+
+_install_amx()

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.errors import IRError
+from kiln.ir.amx import is_amx_call
 from kiln.ir.attrs import ATTR_EXTERN_READS
 from kiln.ir.dtype import itemsize
 from kiln.ir.identity_cache import IdentityCache
@@ -245,10 +246,11 @@ def _region(buf: Buffer, regions: dict[Buffer, Region]) -> Region:
 
 
 def _visit(stmt: Stmt, regions: dict[Buffer, Region], out: _Summary) -> None:
-    # External functions may write the buffers handed to them.
+    # External functions may write the buffers handed to them (an AMX block writes only
+    # its first, the float32 tile: kiln.ir.amx).
     for sub in iter_exprs(*(e for e in expr_children(stmt) if isinstance(e, PrimExpr))):
         if isinstance(sub, CallExtern):
-            for arg in sub.args:
+            for arg in sub.args[:1] if is_amx_call(sub.name) else sub.args:
                 if isinstance(arg, Buffer):
                     root = _region(arg, regions).root
                     if root not in out.extern_reads:

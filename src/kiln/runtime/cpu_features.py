@@ -258,6 +258,24 @@ def _advice(names: str) -> str:
             f"{SKIP_ENV}=1 skips this check")
 
 
+# Linux x86-64: arch_prctl's syscall number, its request for an extended state
+# component, and AMX's tile data component (XFEATURE_XTILEDATA).
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
+
+
+def request_amx_permission() -> bool:
+    """Ask Linux for this process's use of the AMX tile data (arch_prctl
+    ARCH_REQ_XCOMP_PERM), which it needs before its first tile instruction; False when
+    refused. Other systems ask nothing: True. A library's host.c asks the same in its
+    CPU check (`{prefix}_cpu_missing`); code without host.c (the llvmjit loader) asks
+    here."""
+    if platform.system() != "Linux" or machine_arch() != "x86_64":
+        return True
+    libc = ctypes.CDLL(None, use_errno=True)
+    return int(libc.syscall(ctypes.c_long(_SYS_ARCH_PRCTL), ctypes.c_long(_ARCH_REQ_XCOMP_PERM),
+                            ctypes.c_long(_XFEATURE_XTILEDATA))) == 0
+
+
 # Bytes of the name list `{prefix}_cpu_missing` writes (longer lists are cut short).
 MISSING_BUFFER_SIZE = 4096
 
@@ -271,6 +289,8 @@ def check_library(lib: ctypes.CDLL, prefix: str, required: Iterable[str], triple
     which checks the same list, so nothing of the library but that function runs.
     """
     need = sorted(set(required))
+    if skip_requested() and any(f.startswith("amx-") for f in need):
+        request_amx_permission()  # the check skipped, AMX code still needs the tile data
     if not need or skip_requested() or triple.split("-", 1)[0] != machine_arch():
         return  # nothing to check, or another architecture (the loader refuses the file)
     try:
@@ -301,6 +321,7 @@ __all__ = [
     "Reg",
     "check_library",
     "machine_arch",
+    "request_amx_permission",
     "skip_requested",
     "table_arch",
     "table_for",

@@ -27,12 +27,14 @@ from kiln.errors import TargetError
 from kiln.frontend import from_onnx
 from kiln.ops.gemm_bf16 import bf16_round, pack_b_bf16, unpack_b_bf16
 from kiln.target import Target
+from support.bf16_gemms import Case, Weights, gemm_model, gemm_reference
 from support.graphs import GraphBuilder
+from support.numerics import rel_l2
 
 RNG = np.random.default_rng(63)
 TOL = 1e-2        # against float32 (see the module docstring)
 TIGHT = 1e-5      # against the product of the rounded operands
-CASES = [  # (name, A's shape, K, N, Gemm with transB and bias)
+CASES: list[Case] = [  # (name, A's shape, K, N, Gemm with transB and bias)
     ("remainders", (7, 45), 45, 70, False),
     ("gemm_transb_bias", (5, 100), 100, 19, True),
     ("one_row", (1, 64), 64, 96, False),
@@ -40,40 +42,9 @@ CASES = [  # (name, A's shape, K, N, Gemm with transB and bias)
 SYMBOLIC = ("symbolic_rows", ("M", 3, 33), 33, 50)
 
 
-Case = tuple[str, tuple[Any, ...], int, int, bool]
-
-
-def _model() -> tuple[Any, dict[str, tuple[np.ndarray, np.ndarray | None]]]:
+def _model() -> tuple[Any, Weights]:
     """The model (a branch per case) and each case's weight `[K, N]` and bias."""
-    b = GraphBuilder()
-    weights: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
-    cases: list[Case] = [*CASES, (*SYMBOLIC, False)]
-    for name, shape, k, n, gemm in cases:
-        x = b.input(f"x_{name}", shape)
-        w = RNG.standard_normal((n, k) if gemm else (k, n)).astype(np.float32)
-        out = f"y_{name}"
-        if gemm:
-            bias = RNG.standard_normal(n).astype(np.float32)
-            y = b.op("Gemm", x, b.const(w, "w"), b.const(bias, "bias"), transB=1)
-            b.node("Relu", [y], [out])
-            weights[name] = (w.T, bias)
-        else:
-            b.node("MatMul", [x, b.const(w, "w")], [out])
-            weights[name] = (w, None)
-        b.output(out, (*shape[:-1], n))
-    return b.model(), weights
-
-
-def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
-               rounded: bool) -> np.ndarray:
-    if rounded:  # the operands rounded as the kernel rounds them, summed in float64
-        x, w = bf16_round(x).astype(np.float64), bf16_round(w).astype(np.float64)
-    y = x @ w
-    return np.maximum(y + bias, 0) if bias is not None else y
-
-
-def _rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    return gemm_model([*CASES, (*SYMBOLIC, False)], RNG)
 
 
 def _bf16_host() -> Target:
@@ -107,8 +78,8 @@ def test_bf16_gemm_matches_float32(built: Any, rows: int) -> None:
         w, bias = weights[name]
         x = feeds[f"x_{name}"]
         got = np.asarray(got)
-        assert _rel_l2(got, _reference(x, w, bias, False)) <= TOL, name
-        assert _rel_l2(got, _reference(x, w, bias, True)) <= TIGHT, name
+        assert rel_l2(got, gemm_reference(x, w, bias, False)) <= TOL, name
+        assert rel_l2(got, gemm_reference(x, w, bias, True)) <= TIGHT, name
 
 
 def test_bf16_weights_are_packed_at_compile_time(built: Any) -> None:
@@ -166,7 +137,7 @@ def test_bf16_attention_products_match_float32(attention: Any, batch: int) -> No
     scores = f["q"] @ f["k"].swapaxes(-1, -2)
     e = np.exp(scores - scores.max(-1, keepdims=True))
     want = (e / e.sum(-1, keepdims=True)) @ f["v"]
-    assert _rel_l2(np.asarray(ex["main"](*f.values())), want) <= TOL
+    assert rel_l2(np.asarray(ex["main"](*f.values())), want) <= TOL
     kernels = [f.attrs.get("kiln.gemm_kernel") for f in ex.ir.functions.values()
                if hasattr(f, "attrs")]
     assert kernels.count("matmul_tiled_bf16") == 2 and "matmul_tiled" not in kernels

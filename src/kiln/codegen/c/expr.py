@@ -28,6 +28,7 @@ from kiln.codegen.cfamily.helpers import suffix
 from kiln.codegen.cfamily.literals import float_literal, int_literal, wrap_int
 from kiln.codegen.naming import C_TYPE_NAMES, profile_symbol
 from kiln.ir import dtype as dt
+from kiln.ir.amx import is_amx_call
 from kiln.ir.tensor import (
     DOT4_INTRINSICS,
     PROFILE_INTRINSICS,
@@ -402,6 +403,10 @@ class ExprEmitter:
     def call_extern(self, e: CallExtern, *, discard: bool = False) -> CExpr:
         """The call; `discard` when its value is unused (Evaluate): the bare call."""
         ctx = self.ctx
+        if is_amx_call(e.name):
+            raise ctx.error(f"{e.name}: the AMX tile calls (kiln.ir.amx) are defined by the "
+                            "llvm backend only; build for kind 'llvm' (the c kind refuses "
+                            "precision=bf16, which makes them)")
         proto = ctx.module.externs.add(e, f"C codegen of '{ctx.func_name}'")
         args: list[CExpr] = []
         for a in e.args:

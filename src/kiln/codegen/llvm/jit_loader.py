@@ -24,7 +24,7 @@ from kiln.codegen.llvm.target_machine import llvm_binding
 from kiln.codegen.naming import consts_symbol, kernel_symbol
 from kiln.errors import CallError, FormatError, KilnError
 from kiln.runtime import LoadContext, Module, RawKernelFunction
-from kiln.runtime.cpu_features import CPUFeatureError, skip_requested
+from kiln.runtime.cpu_features import CPUFeatureError, request_amx_permission, skip_requested
 from kiln.runtime.lifetime import CallGuard
 
 
@@ -177,11 +177,17 @@ def _check_host(llvm: Any, triple: str, cpu: str, features: str) -> None:
     if triple.split("-", 1)[0] != host.split("-", 1)[0]:
         raise KilnError(f"llvmjit: the module was compiled for {triple}, but this process "
                         f"runs on {host}; recompile it here")
+    required = required_features(triple, cpu, features)
+    amx = any(f.startswith("amx-") for f in required)
     if skip_requested():
+        if amx:  # the check skipped, AMX code still needs the tile data
+            request_amx_permission()
         return
     host_features = dict(llvm.get_host_cpu_features())
-    missing = [f for f in required_features(triple, cpu, features)
-               if host_features.get(f) is False]
+    missing = [f for f in required if host_features.get(f) is False]
     if missing:
         raise CPUFeatureError(f"llvmjit: the module needs CPU feature(s) {', '.join(missing)} "
                               "that this machine lacks; recompile it for this host")
+    if amx and not request_amx_permission():
+        raise CPUFeatureError("llvmjit: the module uses AMX tiles, but Linux refused this "
+                              "process the AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM)")

@@ -23,6 +23,7 @@ from kiln._registry import suggest
 from kiln.codegen.cfamily.signature import check_shape_vars
 from kiln.codegen.constants import CONST_ALIGN, ConstantPool
 from kiln.codegen.llvm import arith
+from kiln.codegen.llvm.amx import amx_helper
 from kiln.codegen.llvm.arith import MathContext
 from kiln.codegen.llvm.decls import ExternModule, declare
 from kiln.codegen.llvm.dim_size import checked_dim
@@ -47,6 +48,7 @@ from kiln.errors import CompileError, IRError
 from kiln.escape import c_identifier, is_c_identifier
 from kiln.ir import dtype as dt
 from kiln.ir.aliasing import analyze
+from kiln.ir.amx import is_amx_call
 from kiln.ir.attrs import ATTR_EXTERNAL, ATTR_NO_SLP, ATTR_PARALLEL_OF
 from kiln.ir.kernel_errors import (
     ERROR_OUT_OF_MEMORY,
@@ -129,6 +131,8 @@ class LoweringOptions:
     int8_dot: str | None = None
     # Lanes of the target's bfloat16 dot product (`dot2_bf16`, bf16_dot.py; 0: none).
     bf16_dot: int = 0
+    # Whether the target has AMX-BF16: the AMX tile calls (kiln.ir.amx, amx.py) need it.
+    amx_bf16: bool = False
     # ABIs that pass 32-bit integers sign-extended in 64-bit registers (RISC-V 64...).
     sext_int32: bool = False
     # Function attributes ("target-cpu", "target-features", "prefer-vector-width").
@@ -704,6 +708,8 @@ def _intrin(fl: FunctionLowering, e: Intrin) -> ir.Value:
 
 
 def _call_extern(fl: FunctionLowering, e: CallExtern) -> ir.Value:
+    if is_amx_call(e.name):  # defined in this module (kiln.codegen.llvm.amx)
+        return _call_amx(fl, e)
     if not is_c_identifier(e.name):
         raise fl.error(f"external function name {e.name!r} is not a C identifier "
                        "(ASCII letters, digits and _)")
@@ -735,6 +741,21 @@ def _call_extern(fl: FunctionLowering, e: CallExtern) -> ir.Value:
     fl.parent.externs.setdefault(e.name, dep)
     raw = fl.b.call(callee, values, arg_attrs=arg_attrs or None)
     return fl.from_storage(raw, e.dtype)
+
+
+def _call_amx(fl: FunctionLowering, e: CallExtern) -> ir.Value:
+    """An AMX tile call (kiln.ir.amx): buffers by address, integers as i64."""
+    if not fl.parent.options.amx_bf16:
+        raise fl.error(f"{e.name}: the AMX tile calls need a target with amx-bf16 "
+                       "(e.g. -mcpu=sapphirerapids, or -mattr=+amx-tile,+amx-bf16)")
+    values: list[ir.Value] = []
+    for a in e.args:
+        if isinstance(a, Buffer):
+            values.append(fl.buffer_ptr(a))
+            continue
+        v = fl.expr(a)
+        values.append(v if v.type == I64 else fl.b.sext(v, I64))
+    return fl.b.call(amx_helper(fl.parent.module, e.name), values)
 
 
 EXPR_RULES: dict[type, Callable[[Any, Any], ir.Value]] = {

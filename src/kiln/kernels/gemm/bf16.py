@@ -12,7 +12,9 @@ word of K, one broadcast A word per row and `mr * nr` float32 lanes of `dot2_bf1
 constant rows so they stay in registers, as the float32 micro-kernel's
 (kiln.kernels.gemm.micro_kernel). Each output then goes through the fused epilogue in
 float32. Rows past M read the last row (symbolic M: a tile count of the kernel's dim
-scalars), columns past N multiply zero weights and are not stored.
+scalars), columns past N multiply zero weights and are not stored. On a target with
+AMX-BF16 the register tile is a block of AMX tiles instead (kiln.kernels.gemm.amx_bf16:
+the same packing, the same converted rows, tiles of 16 or 32 rows and columns).
 """
 
 from __future__ import annotations
@@ -46,7 +48,16 @@ from kiln.ir.tensor import (
     select,
     seq,
 )
+from kiln.ir.verify import STACK_LIMIT_BYTES
 from kiln.kernels.epilogue import fused_store
+from kiln.kernels.gemm.amx_bf16 import (
+    amx_begin,
+    amx_end,
+    amx_stage,
+    amx_tile,
+    is_amx_tile,
+    uses_amx,
+)
 from kiln.kernels.gemm.families import PackedGemm, choose_tile, constant_b
 from kiln.kernels.gemm.micro_kernel import unflatten
 from kiln.kernels.tiles import Epilogue, const, lanes_loop, parallel_tiles, parallel_when
@@ -101,6 +112,9 @@ class Bf16Nest:
     panels: int
     isa: ISA
     batch: tuple[Any, ...] = ()
+    #: The packed B buffer `[panels][words][nr]` when AMX tiles compute each register
+    #: tile (kiln.kernels.gemm.amx_bf16); None: `dot2_bf16` vectors.
+    amx: Buffer | None = None
 
 
 #: Where a parallel tile is: the flat batch index and the batch index (both 0 and ()
@@ -108,13 +122,15 @@ class Bf16Nest:
 _At = tuple[PrimExpr, tuple[PrimExpr, ...], PrimExpr]
 
 
-def _convert_rows(nest: Bf16Nest, at_: _At, abuf: Buffer) -> Stmt:
-    """`abuf[r, w]`: the bfloat16 words of the tile's rows of A (rows past M read the
-    last row; K past its end reads zero). One loop over the rows: the conversion is in
-    the IR once, not once per row."""
+def _convert_rows(nest: Bf16Nest, at_: _At, abuf: Buffer, row0: PrimExpr | None = None
+                  ) -> Stmt:
+    """`abuf[r, w]` (`abuf[row0 + r, w]` given `row0`): the bfloat16 words of the tile's
+    rows of A (rows past M read the last row; K past its end reads zero). One loop over
+    the rows: the conversion is in the IR once, not once per row."""
     k, whole = nest.k, nest.k // PAIR_BLOCK
     _, bi, mt = at_
     r, q, j = (Var(v, INDEX_DTYPE) for v in ("cr", "q", "j"))
+    at_row = r if row0 is None else row0 + r
     lets: list[Stmt] = []
     row = Var("crow", INDEX_DTYPE)
     lets.append(LetStmt(row, min_(mt * nest.mr + r, nest.m - 1)))
@@ -126,7 +142,7 @@ def _convert_rows(nest: Bf16Nest, at_: _At, abuf: Buffer) -> Stmt:
     def pair(jj: PrimExpr) -> Stmt:
         return Store(abuf, bf16_word(at(q * PAIR_BLOCK + jj),
                                      at(q * PAIR_BLOCK + PAIR_STRIDE + jj)),
-                     (r, q * PAIR_STRIDE + jj))
+                     (at_row, q * PAIR_STRIDE + jj))
 
     body: list[Stmt] = list(lets)
     if whole:
@@ -141,13 +157,20 @@ def _convert_rows(nest: Bf16Nest, at_: _At, abuf: Buffer) -> Stmt:
         lo = const(whole * PAIR_BLOCK) + j
         body.append(For(j, const(0), const(PAIR_STRIDE), "serial", Store(
             abuf, bf16_word(tail(lo), tail(lo + PAIR_STRIDE)),
-            (r, const(whole * PAIR_STRIDE) + j))))
+            (at_row, const(whole * PAIR_STRIDE) + j))))
     return For(r, const(0), const(nest.mr), "serial", seq(*body))
 
 
-def _panel(nest: Bf16Nest, at_: _At, panel: PrimExpr, abuf: Buffer) -> Stmt:
-    """One register tile: the rows' words by panel `panel`, stored through the epilogue."""
+def _panel(nest: Bf16Nest, at_: _At, panel: PrimExpr, abuf: Buffer,
+           a_offset: PrimExpr) -> Stmt:
+    """One register tile: the rows' words (from element `a_offset` of `abuf` on the AMX
+    path) by panel `panel`, stored through the epilogue."""
     mr, nr = nest.mr, nest.nr
+    if nest.amx is not None:
+        stage = Buffer("stage", (mr, nr), "float32", "local")
+        return seq(Allocate(stage), amx_stage(stage, abuf, a_offset, nest.amx,
+                                              panel * (nest.words * nr), nest.words, mr, nr),
+                   _stores(nest, at_, panel, stage))
     acc = Buffer("acc", (mr, nr), "float32", "local")
     zero = as_expr(0.0, "float32")
     init = lanes_loop("v", nr, lambda v: seq(*(Store(acc, zero, (const(r), v))
@@ -200,6 +223,8 @@ def bf16_body(nest: Bf16Nest) -> Stmt:
     tile)."""
     mtiles = (nest.m + nest.mr - 1) // nest.mr
     groups = -(-nest.panels // nest.group)
+    if nest.amx is not None and nest.mr * nest.words * 4 > STACK_LIMIT_BYTES:
+        return _amx_heap_body(nest, mtiles, groups)
 
     def tile(bf: PrimExpr, gi: PrimExpr, mt: PrimExpr) -> Stmt:
         lets: list[Stmt] = []
@@ -207,12 +232,7 @@ def bf16_body(nest: Bf16Nest) -> Stmt:
         at_ = (bf, bi, mt)
         abuf = Buffer("a_bf16", (nest.mr, nest.words), "int32", "local")
         convert = _convert_rows(nest, at_, abuf)
-        pj = Var("pj", INDEX_DTYPE)
-        here: PrimExpr = (const(nest.group) if nest.panels % nest.group == 0
-                          else min_(nest.group, nest.panels - gi * nest.group))
-        panels = For(pj, const(0), here, "serial", _panel(nest, at_, gi * nest.group + pj,
-                                                          abuf))
-        return seq(*lets, Allocate(abuf), convert, panels)
+        return seq(*lets, Allocate(abuf), convert, _group(nest, at_, gi, abuf, const(0)))
 
     if not nest.batch:
         return parallel_when(lambda: parallel_tiles(
@@ -221,6 +241,39 @@ def bf16_body(nest: Bf16Nest) -> Stmt:
     entries = cast(int, dim_product(nest.batch))  # symbolic: a dim scalar's expression
     return parallel_when(lambda: parallel_tiles((entries, groups, mtiles), tile),
                          entries * nest.m * nest.n * nest.k, isa=nest.isa)
+
+
+def _group(nest: Bf16Nest, at_: _At, gi: PrimExpr, abuf: Buffer, a_offset: PrimExpr
+           ) -> Stmt:
+    """The register tiles of the tile's rows by panel group `gi`."""
+    pj = Var("pj", INDEX_DTYPE)
+    here: PrimExpr = (const(nest.group) if nest.panels % nest.group == 0
+                      else min_(nest.group, nest.panels - gi * nest.group))
+    panels: Stmt = For(pj, const(0), here, "serial",
+                       _panel(nest, at_, gi * nest.group + pj, abuf, a_offset))
+    if nest.amx is not None:  # the tiles configured once per parallel tile
+        panels = seq(amx_begin(), panels, amx_end())
+    return panels
+
+
+def _amx_heap_body(nest: Bf16Nest, mtiles: Any, groups: int) -> Stmt:
+    """The AMX nest where a row tile's words would not fit the stack (K over 1024 on
+    32 rows): A converted once, in parallel over its row tiles, into a heap buffer of
+    whole row tiles, which the parallel tiles then read at their rows' offset."""
+    assert not nest.batch  # the AMX path takes a constant B only
+    abuf = Buffer("a_bf16", (mtiles * nest.mr, nest.words), "int32", "global")
+
+    def rows(mt: PrimExpr) -> Stmt:
+        return _convert_rows(nest, (const(0), (), mt), abuf, mt * nest.mr)
+
+    def tile(gi: PrimExpr, mt: PrimExpr) -> Stmt:
+        return _group(nest, (const(0), (), mt), gi, abuf, mt * (nest.mr * nest.words))
+
+    convert = parallel_when(lambda: parallel_tiles((mtiles,), rows), nest.m * nest.k,
+                            "element", isa=nest.isa)
+    tiles = parallel_when(lambda: parallel_tiles((groups, mtiles), tile),
+                          nest.m * nest.n * nest.k, isa=nest.isa)
+    return seq(Allocate(abuf), convert, tiles)
 
 
 def panel_group(words: int, nr: int, panels: int, isa: ISA) -> int:
@@ -238,6 +291,12 @@ class Bf16Gemm(PackedGemm):
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
         return []
+
+    def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        if not uses_amx(isa):
+            return super().pack(call, isa)
+        m, n = self._mn(call)
+        return self.pack_tile(call, isa, amx_tile(m, n))
 
     def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
         a, b = call.args
@@ -258,13 +317,15 @@ class Bf16Gemm(PackedGemm):
             return None
         m = dim_product(rows)
         tile = recorded_tile(attrs, 2, self.op)
-        mr = tile[0] if tile else choose_tile(m, n, isa).mr
-        mr = min(mr, m) if isinstance(m, int) else mr
         panels, words, nr = (int(d) for d in bp.shape)
         bb = store.buffers[bp]
+        amx = uses_amx(isa) and tile is not None and is_amx_tile(tile)
+        mr = tile[0] if tile else choose_tile(m, n, isa).mr
+        mr = min(mr, m) if isinstance(m, int) and not amx else mr
         nest = Bf16Nest(store.buffers[a], lambda bf, p, w, v: bb[p, w, v], store.out,
                      store.epilogue, rows, m, n, k, mr, nr,
-                     panel_group(words, nr, panels, isa), words, panels, isa)
+                     panel_group(words, nr, panels, isa), words, panels, isa,
+                     amx=bb if amx else None)
         body = bf16_body(nest)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                         {ATTR_GEMM_KERNEL: self.op})

@@ -468,6 +468,25 @@ static KILN_UNUSED uint64_t kiln_host_cpu_xcr0(void) {
 static const kiln_host_cpu_feature kiln_host_cpu_features[] = KILN_HOST_CPU_FEATURES;
 #endif
 
+/* AMX tile data (XCR0 bit 18, XFEATURE_XTILEDATA) is enabled per process on Linux: a
+   process must ask for it (arch_prctl(ARCH_REQ_XCOMP_PERM, 18)) before its first tile
+   instruction, which would otherwise die with SIGILL. 0 when granted (or when this OS
+   asks for nothing); the raw syscall, so that host.c needs no feature-test macros. */
+#define KILN_HOST_XTILEDATA_STATE (1ull << 18)
+#if defined(KILN_HOST_CPU_FEATURES) && defined(KILN_HOST_CPU_READABLE)
+static KILN_UNUSED long kiln_host_amx_permission(void) {
+#if defined(__x86_64__) && defined(__linux__)
+  long ret;
+  /* 158: SYS_arch_prctl; 0x1023: ARCH_REQ_XCOMP_PERM; 18: XFEATURE_XTILEDATA */
+  __asm__ __volatile__("syscall" : "=a"(ret) : "a"(158L), "D"(0x1023L), "S"(18L)
+                       : "rcx", "r11", "memory");
+  return ret;
+#else
+  return 0;
+#endif
+}
+#endif
+
 KILN_EXPORT int32_t KILN_HOST_CPU_MISSING(char* out, int32_t size);
 KILN_EXPORT int32_t KILN_HOST_CPU_MISSING(char* out, int32_t size) {
   int32_t count = 0;
@@ -479,8 +498,10 @@ KILN_EXPORT int32_t KILN_HOST_CPU_MISSING(char* out, int32_t size) {
     const size_t n = sizeof kiln_host_cpu_features / sizeof kiln_host_cpu_features[0];
     const uint64_t xcr0 = kiln_host_cpu_xcr0();
     size_t used = 0, i;
+    long amx = 1; /* AMX tile data permission: 1 not asked yet, 0 granted */
     for (i = 0; i < n; ++i) {
       const kiln_host_cpu_feature* f = &kiln_host_cpu_features[i];
+      const char* name = f->name;
       int has = (xcr0 & f->xcr0) == f->xcr0;
       uint32_t j;
       for (j = 0; has && j < f->n_fields; ++j) {
@@ -488,8 +509,15 @@ KILN_EXPORT int32_t KILN_HOST_CPU_MISSING(char* out, int32_t size) {
         has = ((kiln_host_cpu_word(b->leaf, b->subleaf, b->reg) >> b->shift) & b->mask)
               >= b->at_least;
       }
+      if (has && (f->xcr0 & KILN_HOST_XTILEDATA_STATE) != 0 && amx == 1) {
+        amx = kiln_host_amx_permission(); /* asked once; reported once if refused */
+        if (amx != 0) {
+          has = 0; /* the CPU has it, the OS refused this process the tile data */
+          name = "the AMX tile data (Linux refused arch_prctl ARCH_REQ_XCOMP_PERM)";
+        }
+      }
       if (!has) {
-        size_t len = strlen(f->name);
+        size_t len = strlen(name);
         size_t sep = used > 0 ? 2 : 0; /* ", " before every name but the first */
         ++count;
         if (out != NULL && size > 0 && used + sep + len < (size_t)size) {
@@ -497,7 +525,7 @@ KILN_EXPORT int32_t KILN_HOST_CPU_MISSING(char* out, int32_t size) {
             out[used++] = ',';
             out[used++] = ' ';
           }
-          memcpy(out + used, f->name, len + 1);
+          memcpy(out + used, name, len + 1);
           used += len;
         }
       }
@@ -518,6 +546,21 @@ static int kiln_host_cpu_skipped(void) {
   return skip != NULL && skip[0] != '\0' && strcmp(skip, "0") != 0;
 }
 
+/* With the check skipped, AMX code still needs the tile data: asked for all the same
+   (a refusal then shows as the illegal instruction the skip accepts). 0. */
+static KILN_UNUSED int32_t kiln_host_amx_asked(void) {
+#if defined(KILN_HOST_CPU_READABLE)
+  size_t i;
+  for (i = 0; i < sizeof kiln_host_cpu_features / sizeof kiln_host_cpu_features[0]; ++i) {
+    if ((kiln_host_cpu_features[i].xcr0 & KILN_HOST_XTILEDATA_STATE) != 0) {
+      (void)kiln_host_amx_permission();
+      break;
+    }
+  }
+#endif
+  return 0;
+}
+
 static int kiln_host_cpu_checked; /* 1 once the features were found */
 static KILN_UNUSED int kiln_host_cpu_ok(const char* fn) {
   char missing[256];
@@ -525,7 +568,8 @@ static KILN_UNUSED int kiln_host_cpu_ok(const char* fn) {
   if (__atomic_load_n(&kiln_host_cpu_checked, __ATOMIC_RELAXED)) {
     return 1;
   }
-  count = kiln_host_cpu_skipped() ? 0 : KILN_HOST_CPU_MISSING(missing, (int32_t)sizeof missing);
+  count = kiln_host_cpu_skipped() ? kiln_host_amx_asked()
+                                   : KILN_HOST_CPU_MISSING(missing, (int32_t)sizeof missing);
   if (count < 0) {
     kiln_host_fail("%s: cannot read this CPU's features to check those the library was "
                    "compiled for; set KILN_SKIP_CPU_CHECK=1 to call it anyway", fn);
