@@ -143,15 +143,19 @@ def test_a_damaged_truncated_or_foreign_weights_file_is_refused(libs, tmp_path):
     _refused(so, "damaged header|inconsistent|unreadable")
 
 
-def test_damaged_weight_data_never_reaches_a_result(libs, tmp_path):
+@pytest.mark.parametrize("hash_name, words", [("lane64", r"checksum \(kiln.lane64/1\)"),
+                                              ("sha256", "SHA-256")])
+def test_damaged_weight_data_never_reaches_a_result(libs, tmp_path, monkeypatch, hash_name,
+                                                    words):
+    monkeypatch.setenv("KILN_WEIGHTS_HASH", hash_name)  # the library's table, or the file's
     so = copy_library(libs, tmp_path)
     weights = Path(str(so) + ".weights")
     data_at = weights_file.ALIGN  # the first tensor
     patch(weights, data_at + 100, b"\xff\xff\xff\xff")
-    _refused(so, r"tensor 'constants.bin': SHA-256 mismatch in bytes \[0, ", verify_weights=True)
+    _refused(so, rf"tensor 'constants.bin': {words} mismatch in bytes \[0, ", verify_weights=True)
     with load_module(so) as m:  # lazy: the first call checks, and every call refuses
         for _ in range(2):
-            with pytest.raises(FormatError, match="SHA-256 mismatch"):
+            with pytest.raises(FormatError, match=f"{words} mismatch"):
                 m["main"](X)
 
 

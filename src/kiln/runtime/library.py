@@ -56,6 +56,7 @@ from kiln.runtime.external_weights import (
 )
 from kiln.runtime.threads import POOL_EXPORTS
 from kiln.runtime.toolchain import default_compiler
+from kiln.runtime.weights_check import check_artifact, check_symbols
 
 SUFFIXES = {".so": "shared library", ".tar": "artifact archive",
             ".a": "static library + header"}
@@ -124,6 +125,12 @@ def export_library(
         if outside is not None:  # the weights go to their own file; a loader comes in
             code.append(outside[0])
             metadata = {**metadata, "weights": outside[1]}
+        with _step("export.check"):  # the chunk hashes the library checks its weights by
+            checked = check_artifact([require_serializable(a) for a in native_arts
+                                      if a.extension == ".bin"], prefix)
+        if checked is not None:
+            code.append(checked[0])
+            metadata = {**metadata, "weights_check": checked[1]}
         with _step("export.compile"):
             objects = native.compile_native(code, work / "native", prefix=prefix, cc=cc,
                                             options=options)
@@ -136,6 +143,7 @@ def export_library(
         # Without native code the library only carries the blob (for the loaders).
         exports = (abi_symbols(metadata, prefix) + native.native_exports(native_arts)
                    + (map_symbols(prefix) if external else [])
+                   + (check_symbols(prefix) if checked is not None else [])
                    if native_arts else [f"{prefix}_blob"])
         _check_symbols(exports)
         if suffix == ".so":
@@ -211,7 +219,7 @@ _STEP_TIMER: list[Callable[[str], contextlib.AbstractContextManager[None]]] = []
 def set_step_timer(timer: Callable[[str], contextlib.AbstractContextManager[None]] | None
                    ) -> None:
     """Have `timer(name)`, a context manager, time the steps of `export_library`
-    ("export", "export.compile", "export.data", "export.link"); None: time nothing.
+    ("export", "export.compile", "export.check", "export.data", "export.link"); None: time nothing.
     The compiler sets its instruments' timer when it is imported; the runtime alone
     (a deploy host) times nothing."""
     _STEP_TIMER[:] = [] if timer is None else [timer]
@@ -493,6 +501,15 @@ def static_header(metadata: Mapping[str, Any], prefix: str, header_name: str,
         f"int32_t {prefix}_pool_stats(int64_t *out, int32_t size);",
         "",
     ]
+    if metadata.get("weights_check"):
+        lines += [
+            "/* The weights' check (docs/runtime.md, \"Checking the weights\"): -1 if",
+            " * chunks [first, first + count) are intact, else the first damaged one. */",
+            f"int64_t {prefix}_check_weights(int64_t first, int64_t count);",
+            f"int64_t {prefix}_weights_chunks(void);",
+            f"uint64_t {prefix}_hash64(const void *data, uint64_t n);",
+            "",
+        ]
     if metadata.get("profile"):
         lines += [
             "/* Per-kernel timings (built with profile=True; docs/abi.md, \"Profiling\"). */",
