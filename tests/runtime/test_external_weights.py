@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.artifact import Artifact, weights_file
+from kiln.artifact import Artifact, blob, weights_file
+from kiln.artifact.elf import find_blob_symbol
 from kiln.artifact.integrity import chunk_digests
 from kiln.errors import ExportError, FormatError, MissingFileError, UsageError
 from kiln.ir import IRBuilder, IRModule
@@ -69,6 +70,16 @@ def copy_library(libs: dict[str, Path], dest: Path, weights: bool = True) -> Pat
     if weights:
         shutil.copy(str(libs["external"]) + ".weights", dest / "ext.so.weights")
     return so
+
+
+def embedded_weights_at(so: Path) -> int:
+    """Where the first weights of a library that embeds them start in its file."""
+    with open(so, "rb") as f:
+        sym = find_blob_symbol(f, str(so))
+    data = so.read_bytes()
+    size = blob.blob_length(data[sym.file_offset:sym.file_offset + blob.HEADER_SIZE])
+    contents = blob.unpack(data[sym.file_offset:sym.file_offset + size])
+    return sym.file_offset + contents.linked[0].offset
 
 
 def patch(path: Path, offset: int, data: bytes) -> None:
@@ -226,6 +237,16 @@ def test_a_c_program_maps_the_weights_file(libs, tmp_path):
     env = {**os.environ, "KILN_WEIGHTS": str(libs["other"]) + ".weights"}
     proc = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 1 and "(-3)" in proc.stderr
+    # A damaged weight, in the file or embedded: the program's check refuses it.
+    patch(Path(str(so) + ".weights"), weights_file.ALIGN + 100, b"\xff")
+    emb = tmp_path / "emb.so"
+    data = bytearray(libs["embedded"].read_bytes())
+    data[embedded_weights_at(libs["embedded"]) + 100] ^= 0x01
+    emb.write_bytes(bytes(data))
+    for lib in (so, emb):
+        args[1] = str(lib)
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1 and "weights are damaged (4 MiB chunk 0)" in proc.stderr
 
 
 def test_the_weights_loader_is_warning_free_c(tmp_path):
