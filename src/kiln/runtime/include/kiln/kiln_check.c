@@ -114,13 +114,16 @@ __attribute__((visibility("default"))) int64_t KILN_CHECK_WEIGHTS(int64_t first,
   int64_t index = 0;
   for (int r = 0; r < KILN_CHECK_COUNT; r++) {
     const KilnCheckRegion *region = &kiln_check_regions[r];
+    /* Read through a volatile: the compiler must not fold the address into a
+       PC-relative reference to the symbol (see the table above). */
+    const uint8_t *base = *(const uint8_t *const volatile *)&region->base;
     uint64_t chunks = (region->size + KILN_CHECK_CHUNK - 1) / KILN_CHECK_CHUNK;
     for (uint64_t k = 0; k < chunks; k++, index++) {
       if (index < first || index >= first + count) continue;
       uint64_t start = k * KILN_CHECK_CHUNK;
       uint64_t length = region->size - start < KILN_CHECK_CHUNK ? region->size - start
                                                                  : KILN_CHECK_CHUNK;
-      if (KILN_CHECK_HASH(region->base + start, length) != kiln_check_digests[index])
+      if (KILN_CHECK_HASH(base + start, length) != kiln_check_digests[index])
         return index;
     }
   }
