@@ -234,16 +234,19 @@ def test_exporting_again_reuses_the_compiled_objects(tmp_path: Path,
     monkeypatch.setattr(native, "_run_all", recording)
     object_cache.clear()
     so = export_library(hm.artifacts(), META, tmp_path / "m.so", prefix="kiln_")
-    assert sorted(compiled) == ["host.c", "kernels.c", "kiln_check.c"]
+    assert sorted(compiled) == ["host.c", "kernels.c", "kiln_check.c",
+                                "kiln_hash64.c"]
     reused = export_library(hm.artifacts(), META, tmp_path / "reused.a", prefix="kiln_")
-    assert sorted(compiled) == ["host.c", "kernels.c", "kiln_check.c"]  # nothing compiled again
+    assert sorted(compiled) == ["host.c", "kernels.c", "kiln_check.c",
+                                "kiln_hash64.c"]  # nothing compiled again
     object_cache.clear()
     fresh = export_library(hm.artifacts(), META, tmp_path / "fresh" / "reused.a",
                            prefix="kiln_")
     assert reused.read_bytes() == fresh.read_bytes()
     compiled.clear()
     export_library(hm.artifacts(), META, tmp_path / "o1.so", prefix="kiln_", options=["-O1"])
-    assert sorted(compiled) == ["host.c", "kernels.c", "kiln_check.c"]
+    assert sorted(compiled) == ["host.c", "kernels.c", "kiln_check.c",
+                                "kiln_hash64.c"]
     with load_module(so) as lib:
         x = np.arange(4, dtype=np.float32)
         np.testing.assert_array_equal(lib["main"](x), hm.reference("main", x))
@@ -262,7 +265,7 @@ def test_fcompile_replaces_the_link_step(tmp_path: Path) -> None:
     assert out.parent == tmp_path and out != so  # linked into a temporary, then renamed
     # The weights are assembled into blob.o, right after the blob (docs/format.md).
     assert sorted(o.name for o in objects) == ["blob.o", "host.c.o", "kernels.c.o",
-                                               "kiln_check.c.o"]
+                                               "kiln_check.c.o", "kiln_hash64.c.o"]
     assert options == ["-DUNUSED_FLAG=1"]
     with load_module(so) as lib:
         np.testing.assert_array_equal(lib["main"](np.zeros(4, np.float32)), hm.WEIGHTS)

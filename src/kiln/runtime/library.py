@@ -70,7 +70,7 @@ def export_library(
     file_name: str | os.PathLike[str], *, prefix: str, fcompile: FCompile | None = None,
     workspace_dir: str | os.PathLike[str] | None = None, cc: Any = None,
     options: Sequence[str] | None = None, weights: str = "embedded",
-    weights_path: str | os.PathLike[str] | None = None,
+    weights_path: str | os.PathLike[str] | None = None, weights_check: bool = True,
 ) -> Path:
     """Write `artifacts` as the library `file_name`; the suffix picks the kind.
 
@@ -87,6 +87,10 @@ def export_library(
     `weights_path` (default `<file_name>.weights`), whose content hash the library
     records (kiln.runtime.external_weights, docs/format.md); "embedded" (the
     default) keeps them inside the library.
+
+    `weights_check=False` leaves out the table of chunk hashes the weights are
+    checked by (kiln.runtime.weights_check), for a library only this process loads
+    without checking it (`Executable.jit()`); its weights cannot be checked.
     """
     if not isinstance(file_name, (str, os.PathLike)):
         raise ArgumentTypeError(f"export_library: file_name must be a str or os.PathLike, "
@@ -127,9 +131,10 @@ def export_library(
             metadata = {**metadata, "weights": outside[1]}
         with _step("export.check"):  # the chunk hashes the library checks its weights by
             checked = check_artifact([require_serializable(a) for a in native_arts
-                                      if a.extension == ".bin"], prefix)
+                                      if a.extension == ".bin"], prefix) \
+                if weights_check else None
         if checked is not None:
-            code.append(checked[0])
+            code.extend(checked[0])
             metadata = {**metadata, "weights_check": checked[1]}
         with _step("export.compile"):
             objects = native.compile_native(code, work / "native", prefix=prefix, cc=cc,

@@ -158,7 +158,7 @@ def load_artifacts(
             so_path = Path(load_dir) / "lib.so"
             build_dir = Path(load_dir) / "build"
             export_library(stored, meta, so_path, prefix=prefix, workspace_dir=build_dir, cc=cc,
-                           fcompile=fcompile)
+                           fcompile=fcompile, weights_check=False)  # never checked, below
             if workspace_dir is None:
                 shutil.rmtree(build_dir, ignore_errors=True)
             # Just linked from artifacts in memory: nothing to check the weights against.

@@ -1,10 +1,11 @@
-"""The weights' check at memory bandwidth: `kiln_check.c`, linked into every library
-with weights, used by the Python loader and by a plain C host alike.
+"""The weights' check at memory bandwidth: `kiln_hash64.c` and `kiln_check.c`, linked
+into every library with weights, used by the Python loader and by a plain C host alike.
 
-Export (`check_artifact`): the kiln.lane64 hash (kiln.artifact.integrity.lane64) of
-each 4 MiB chunk of every native data artifact (the weights), written as a table into
-`kiln_check.c`, which the library links; it exports `{prefix}_check_weights(first,
-count)` (-1: those chunks match), `{prefix}_weights_chunks()` and `{prefix}_hash64`.
+Export (`check_artifact`): the kiln.lane64 hash (kiln.artifact.integrity.lane64,
+`kiln_hash64.c`) of each 4 MiB chunk of every native data artifact (the weights),
+written as a table into `kiln_check.c`, which the library links; they export
+`{prefix}_check_weights(first, count)` (-1: those chunks match),
+`{prefix}_weights_chunks()` and `{prefix}_hash64`.
 The blob's metadata gets `weights_check` (docs/format.md "The weights check record"):
 the hash's name, the chunk size, the chunk count and the regions in table order.
 
@@ -38,9 +39,10 @@ def check_symbols(prefix: str) -> list[str]:
 
 
 def check_artifact(data: Sequence[Artifact], prefix: str
-                   ) -> tuple[Artifact, dict[str, Any]] | None:
-    """`kiln_check.c` with the chunk hashes of the data artifacts `data` (in the blob's
-    order), and the blob metadata entry `weights_check`; None without data."""
+                   ) -> tuple[list[Artifact], dict[str, Any]] | None:
+    """`kiln_hash64.c` (the same for every library of `prefix`: compiled once per
+    process) and `kiln_check.c` with the chunk hashes of the data artifacts `data` (in
+    the blob's order), and the blob metadata entry `weights_check`; None without data."""
     data = [a for a in data if a.size > 0]
     if not data:
         return None
@@ -57,14 +59,18 @@ def check_artifact(data: Sequence[Artifact], prefix: str
              f"#define KILN_CHECK_CHUNK {CHUNK_SIZE}ULL",
              f"#define KILN_CHECK_TOTAL {len(words)}",
              "#define KILN_CHECK_DIGESTS {" + ", ".join(words) + "}", ""]
-    source = "\n".join(lines) + (Path(include_dir()) / "kiln" / "kiln_check.c").read_text()
-    artifact = Artifact("weights", "native", "kiln_check.c", source.encode(),
-                        {"exports": check_symbols(prefix)})
+    folder = Path(include_dir()) / "kiln"
+    hash_source = lines[0] + "\n" + (folder / "kiln_hash64.c").read_text()
+    source = "\n".join(lines) + (folder / "kiln_check.c").read_text()
+    artifacts = [Artifact("weights", "native", "kiln_hash64.c", hash_source.encode(),
+                          {"exports": [f"{prefix}_hash64"]}),
+                 Artifact("weights", "native", "kiln_check.c", source.encode(),
+                          {"exports": check_symbols(prefix)[1:]})]
     entry = {"hash": LANE64, "chunk_size": CHUNK_SIZE, "chunks": len(words),
              "check_symbol": f"{prefix}_check_weights",
              "regions": [{"artifact": f"{a.codegen_id}/{a.file_name}", "symbol": s,
                           "size": a.size} for s, a in zip(symbols, data)]}
-    return artifact, entry
+    return artifacts, entry
 
 
 # A region of the record, its chunk size, and whether its chunk k is intact.

@@ -1,9 +1,9 @@
-"""kiln_check.c, the weights' check at memory bandwidth (kiln.runtime.weights_check):
-the C hash equals kiln.artifact.integrity.lane64 (numpy, which export writes the table
-with), the file compiles with every warning an error, its entries find a damaged
-chunk, and a change within one 64-bit lane always changes the hash. The loaders' use
-of it (embedded and external, Python and a C program) is in test_weight_check.py and
-test_external_weights.py."""
+"""kiln_hash64.c and kiln_check.c, the weights' check at memory bandwidth
+(kiln.runtime.weights_check): the C hash equals kiln.artifact.integrity.lane64 (numpy,
+which export writes the table with), the files compile with every warning an error,
+its entries find a damaged chunk, and a change within one 64-bit lane always changes
+the hash. The loaders' use of it (embedded and external, Python and a C program) is in
+test_weight_check.py and test_external_weights.py."""
 
 from __future__ import annotations
 
@@ -24,25 +24,27 @@ SIZE = 5 * 4096 + 3  # a short last lane
 
 @pytest.fixture(scope="module")
 def checker(tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, bytes]:
-    """kiln_check.c as export writes it for one 20 KiB region `m_consts`, linked with a
-    writable definition of that region."""
+    """kiln_hash64.c and kiln_check.c as export writes them for one 20 KiB region
+    `m_consts`, linked with a writable definition of that region."""
     tmp = tmp_path_factory.mktemp("kiln_check")
     data = np.random.default_rng(60).integers(0, 256, SIZE, dtype=np.uint8).tobytes()
     made = check_artifact([Artifact("llvm", "native", "constants.bin", data,
                                     {"symbol": "m_consts", "align": 64})], "m")
     assert made is not None
-    source, entry = made
+    sources, entry = made
     assert entry["hash"] == LANE64 and entry["chunks"] == 1
     assert entry["regions"] == [{"artifact": "llvm/constants.bin", "symbol": "m_consts",
                                  "size": SIZE}]
-    (tmp / "kiln_check.c").write_bytes(bytes(source.content))
+    for source in sources:
+        (tmp / source.file_name).write_bytes(bytes(source.content))
     init = ", ".join(str(b) for b in data)
     (tmp / "data.c").write_text("#include <stdint.h>\n__attribute__((visibility(\"hidden\"))) "
                                 f"uint8_t m_consts[{SIZE}] = {{{init}}};\n"
                                 "uint8_t *m_region(void) { return m_consts; }\n")
     so = tmp / "check.so"
     subprocess.run([c_compiler(), "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC",
-                    "-shared", str(tmp / "kiln_check.c"), str(tmp / "data.c"), "-o", str(so)],
+                    "-shared", *(str(tmp / s.file_name) for s in sources), str(tmp / "data.c"),
+                    "-o", str(so)],
                    check=True, timeout=120)
     lib = ctypes.CDLL(str(so))
     lib.m_hash64.restype, lib.m_hash64.argtypes = ctypes.c_uint64, [ctypes.c_void_p,
