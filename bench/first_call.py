@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/first_call.py [--width 8192] [--layers 4] [--rows 16]
                                          [--codegen llvm] [--repeat 5]
+                                         [--weights embedded|external]
 
 Compiles (once, timed and printed) `main(x) = x @ W1 @ ... @ Wn`, n float32 weights of
 `width x width` (the default: 4 x 256 MiB = 1 GiB), exports one `.so`, and then, each
@@ -69,7 +70,7 @@ print(json.dumps({"load_ms": (t1 - t0) * 1e3, "first_ms": first * 1e3,
 """
 
 
-def build(folder: Path, width: int, layers: int, codegen: str) -> Path:
+def build(folder: Path, width: int, layers: int, codegen: str, weights: str) -> Path:
     """Compile and export the MatMul chain; print the compile time."""
     rng = np.random.default_rng(0)
     ib = IRBuilder()
@@ -82,7 +83,7 @@ def build(folder: Path, width: int, layers: int, codegen: str) -> Path:
         ib.ret(y)
     t0 = time.perf_counter()
     ex = kiln.compile(ib.get(), codegen)
-    so = Path(ex.export_library(str(folder / "chain.so")) or folder / "chain.so")
+    so = Path(ex.export_library(str(folder / "chain.so"), weights=weights) or folder / "chain.so")
     print(f"compiled and exported {layers} x {width}x{width} float32 "
           f"({layers * width * width * 4 / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s")
     return so
@@ -99,14 +100,17 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--codegen", default="llvm")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--weights", choices=("embedded", "external"), default="embedded",
+                        help="export_library's weights= (external: a weights file beside)")
     parser.add_argument("--rounds", type=int, default=3, help="fresh processes per mode")
     opts = parser.parse_args()
     ROWS = opts.rows
     print(f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs, "
           f"load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
-        so = build(Path(tmp), opts.width, opts.layers, opts.codegen)
-        so.read_bytes()  # the page cache holds the file, as on a host that loaded it before
+        so = build(Path(tmp), opts.width, opts.layers, opts.codegen, opts.weights)
+        for file in Path(tmp).iterdir():  # the page cache holds the files, as on a host
+            file.read_bytes()             # that loaded them before
         print(f"{'mode':18} {'load ms':>9} {'first ms':>9} {'warm ms':>9} {'first/warm':>11}")
         for mode in ("lazy", "lazy+idle", "lazy sha256", "lazy+idle sha256", "off"):
             runs = []

@@ -106,7 +106,7 @@ def verify(data: BytesLike, digests: bytes, chunk_size: int, what: str) -> None:
     raise AssertionError("unreachable")
 
 
-# The check hash (kiln_check.c, docs/format.md "The weights check record"): 8 bytes
+# The check hash (kiln_hash64.c, docs/format.md "The weights check record"): 8 bytes
 # per chunk, a bijective mix of each 64-bit lane summed, so it runs at memory
 # bandwidth in C. It finds damage; SHA-256 above stays the content hash.
 LANE64 = "kiln.lane64/1"
@@ -136,7 +136,7 @@ def _mix_lanes(z: np.ndarray, tmp: np.ndarray) -> None:
 
 
 def lane64(data: BytesLike) -> int:
-    """kiln.lane64 of `data` (kiln_check.c's `{prefix}_hash64`), in numpy: each
+    """kiln.lane64 of `data` (kiln_hash64.c's `{prefix}_hash64`), in numpy: each
     little-endian 64-bit lane x_i (the last zero-padded) xor (i + 1) * K, mixed,
     summed mod 2^64; the sum xor the length, mixed."""
     view = _view(data)
