@@ -1,9 +1,13 @@
-"""The check of a loaded library's weights against the chunk hashes in its blob.
+"""The check of a loaded library's weights against the chunk hashes it carries.
 
-A library exported by kiln (blob format 2, docs/format.md) carries its native
+A library exported by kiln (blob format 2 on, docs/format.md) carries its native
 data (the weights) right after the blob and records, in the blob's LINKED_DATA
 section, where each lies and the SHA-256 of each 4 MiB chunk. The blob itself
-is checksummed, so once it is read the weights can be checked against it.
+is checksummed, so once it is read the weights can be checked against it. A
+library exported since the weights check record also links a table of each
+chunk's kiln.lane64 hash and `{prefix}_check_weights` (kiln.runtime.weights_check),
+a hash at memory bandwidth: its chunks are checked through that entry (a ctypes
+call, without the GIL), the SHA-256s otherwise (or with $KILN_WEIGHTS_HASH=sha256).
 
 `load_module(path, verify_weights=...)` picks when:
 
