@@ -125,17 +125,8 @@ def export_library(
             "blob carries these artifacts to their loaders")
     weights_file = _weights_file(external, native_arts, prefix, path, weights_path)
     with weights_file as outside, _workspace(workspace_dir) as work, _step("export"):
-        code = [a for a in native_arts if a.extension != ".bin"]
-        if outside is not None:  # the weights go to their own file; a loader comes in
-            code.append(outside[0])
-            metadata = {**metadata, "weights": outside[1]}
-        with _step("export.check"):  # the chunk hashes the library checks its weights by
-            checked = check_artifact([require_serializable(a) for a in native_arts
-                                      if a.extension == ".bin"], prefix) \
-                if weights_check else None
-        if checked is not None:
-            code.extend(checked[0])
-            metadata = {**metadata, "weights_check": checked[1]}
+        code, metadata, extra_exports = _code_to_compile(native_arts, metadata, prefix, outside,
+                                                         weights_check)
         with _step("export.compile"):
             objects = native.compile_native(code, work / "native", prefix=prefix, cc=cc,
                                             options=options)
@@ -147,9 +138,7 @@ def export_library(
                                        deferred=deferred, embed_data=not external))
         # Without native code the library only carries the blob (for the loaders).
         exports = (abi_symbols(metadata, prefix) + native.native_exports(native_arts)
-                   + (map_symbols(prefix) if external else [])
-                   + (check_symbols(prefix) if checked is not None else [])
-                   if native_arts else [f"{prefix}_blob"])
+                   + extra_exports if native_arts else [f"{prefix}_blob"])
         _check_symbols(exports)
         if suffix == ".so":
             with _atomic(path, 0o755) as tmp, _step("export.link"):
@@ -169,6 +158,29 @@ def export_library(
                 tmp_h.write_text(static_header(metadata, prefix, header.name, path.name,
                                                native.native_libs(native_arts)))
     return path
+
+
+def _code_to_compile(native_arts: Sequence[AnyArtifact], metadata: Mapping[str, Any],
+                     prefix: str, outside: tuple[Artifact, dict[str, Any]] | None,
+                     weights_check: bool
+                     ) -> tuple[list[AnyArtifact], Mapping[str, Any], list[str]]:
+    """The native code to compile: the artifacts', the loader of an external weights
+    file (`outside`) and the weights' check (kiln.runtime.weights_check); the
+    metadata with their records; the symbols they export besides the ABI's."""
+    code: list[AnyArtifact] = [a for a in native_arts if a.extension != ".bin"]
+    exports: list[str] = []
+    if outside is not None:  # the weights go to their own file; a loader comes in
+        code.append(outside[0])
+        metadata = {**metadata, "weights": outside[1]}
+        exports += map_symbols(prefix)
+    with _step("export.check"):  # the chunk hashes the library checks its weights by
+        checked = check_artifact([require_serializable(a) for a in native_arts
+                                  if a.extension == ".bin"], prefix) if weights_check else None
+    if checked is not None:
+        code.extend(checked[0])
+        metadata = {**metadata, "weights_check": checked[1]}
+        exports += check_symbols(prefix)
+    return code, metadata, exports
 
 
 @contextlib.contextmanager
