@@ -27,6 +27,7 @@ from kiln.errors import ExportError, FormatError, MissingFileError, UsageError
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir import graph as g
 from kiln.runtime import external_weights, load_module
+from kiln.runtime.library import export_library
 from support.c_programs import EXAMPLES, build_c_program
 from support.processes import run_python
 from support.toolchains import c_compiler
@@ -72,14 +73,19 @@ def copy_library(libs: dict[str, Path], dest: Path, weights: bool = True) -> Pat
     return so
 
 
-def embedded_weights_at(so: Path) -> int:
-    """Where the first weights of a library that embeds them start in its file."""
+def blob_of(so: Path) -> tuple[int, blob.BlobContents]:
+    """Where a library's blob starts in its file, and what it holds."""
     with open(so, "rb") as f:
         sym = find_blob_symbol(f, str(so))
     data = so.read_bytes()
     size = blob.blob_length(data[sym.file_offset:sym.file_offset + blob.HEADER_SIZE])
-    contents = blob.unpack(data[sym.file_offset:sym.file_offset + size])
-    return sym.file_offset + contents.linked[0].offset
+    return sym.file_offset, blob.unpack(data[sym.file_offset:sym.file_offset + size])
+
+
+def embedded_weights_at(so: Path) -> int:
+    """Where the first weights of a library that embeds them start in its file."""
+    start, contents = blob_of(so)
+    return start + contents.linked[0].offset
 
 
 def patch(path: Path, offset: int, data: bytes) -> None:
@@ -152,6 +158,24 @@ def test_a_damaged_truncated_or_foreign_weights_file_is_refused(libs, tmp_path):
     weights.write_bytes(good)
     patch(weights, weights_file.PREAMBLE.size + 20, b"9")  # inside the index
     _refused(so, "damaged header|inconsistent|unreadable")
+
+
+@pytest.mark.parametrize("weights", ["embedded", "external"])
+def test_a_library_without_the_check_table_is_checked_by_its_sha256s(libs, tmp_path, weights):
+    """As a library exported before the weights check record: the SHA-256s, as before."""
+    ex = libs["ex"]
+    if ex.target.kind.name != "llvm":
+        pytest.skip("one codegen is enough for the older path")
+    so = export_library(ex.artifacts, ex.metadata, tmp_path / "old.so", prefix=ex.prefix,
+                        weights=weights, weights_check=False)
+    assert "weights_check" not in blob_of(so)[1].metadata
+    assert "weights_check" in blob_of(libs[weights])[1].metadata
+    if weights == "external":
+        patch(Path(str(so) + ".weights"), weights_file.ALIGN + 100, b"\xff")
+    else:
+        patch(so, embedded_weights_at(so) + 100, b"\xff")
+    with load_module(so) as m, pytest.raises(FormatError, match="SHA-256 mismatch"):
+        m["main"](X)
 
 
 @pytest.mark.parametrize("hash_name, words", [("lane64", r"checksum \(kiln.lane64/1\)"),
