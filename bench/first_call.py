@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/first_call.py [--width 8192] [--layers 4] [--rows 16]
                                          [--codegen llvm] [--repeat 5]
+                                         [--weights embedded|external]
 
 Compiles (once, timed and printed) `main(x) = x @ W1 @ ... @ Wn`, n float32 weights of
 `width x width` (the default: 4 x 256 MiB = 1 GiB), exports one `.so`, and then, each
@@ -9,19 +10,25 @@ in a fresh process (so each load maps the library anew; the file is in the page
 cache), loads it and times:
 
 - `lazy` (the default verify_weights): the first call right after load, which waits
-  for the chunks the background check has not hashed yet and hashes them itself;
+  for the chunks the background check has not hashed yet and hashes them itself
+  (through the library's kiln.lane64 table, kiln_check.c);
 - `lazy+idle`: the first call once the background check is done (a host that loads
   at start and serves later);
+- `lazy sha256`, `lazy+idle sha256`: the same with $KILN_WEIGHTS_HASH=sha256 (the
+  blob's SHA-256s, the check of libraries exported before the table);
 - `off`: verify_weights=False, the first call (page faults only);
 - the warm call: the median of `--repeat` calls after the first.
 
-Prints load ms, first call ms, warm ms and first/warm per mode. Asserts nothing.
+Prints the CPU, then per mode the medians of load ms, first call ms and warm ms, their
+first/warm, and the median of each process's own first/warm (steadier on a busy host).
+Asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -30,6 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from doc_table import cpu_name
 
 import kiln
 from kiln import ops
@@ -39,13 +47,14 @@ from kiln.ir import graph as g
 CHILD = r"""
 import json, statistics, sys, time
 import numpy as np
+from doc_table import cpu_name
 from kiln.runtime import load_module
 path, mode, rows, width, repeat = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 x = np.random.default_rng(1).standard_normal((rows, width)).astype(np.float32)
 t0 = time.perf_counter()
 lib = load_module(path, verify_weights=False if mode == "off" else "lazy")
 t1 = time.perf_counter()
-if mode == "lazy+idle":
+if mode.startswith("lazy+idle"):
     check = lib.get_function("main", query_imports=False).c_func.check
     check.join()
     t1 = time.perf_counter()
@@ -62,7 +71,7 @@ print(json.dumps({"load_ms": (t1 - t0) * 1e3, "first_ms": first * 1e3,
 """
 
 
-def build(folder: Path, width: int, layers: int, codegen: str) -> Path:
+def build(folder: Path, width: int, layers: int, codegen: str, weights: str) -> Path:
     """Compile and export the MatMul chain; print the compile time."""
     rng = np.random.default_rng(0)
     ib = IRBuilder()
@@ -75,7 +84,7 @@ def build(folder: Path, width: int, layers: int, codegen: str) -> Path:
         ib.ret(y)
     t0 = time.perf_counter()
     ex = kiln.compile(ib.get(), codegen)
-    so = Path(ex.export_library(str(folder / "chain.so")) or folder / "chain.so")
+    so = Path(ex.export_library(str(folder / "chain.so"), weights=weights) or folder / "chain.so")
     print(f"compiled and exported {layers} x {width}x{width} float32 "
           f"({layers * width * width * 4 / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s")
     return so
@@ -92,23 +101,32 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--codegen", default="llvm")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--weights", choices=("embedded", "external"), default="embedded",
+                        help="export_library's weights= (external: a weights file beside)")
     parser.add_argument("--rounds", type=int, default=3, help="fresh processes per mode")
     opts = parser.parse_args()
     ROWS = opts.rows
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs, "
+          f"load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
-        so = build(Path(tmp), opts.width, opts.layers, opts.codegen)
-        so.read_bytes()  # the page cache holds the file, as on a host that loaded it before
-        print(f"{'mode':12} {'load ms':>9} {'first ms':>9} {'warm ms':>9} {'first/warm':>11}")
-        for mode in ("lazy", "lazy+idle", "off"):
+        so = build(Path(tmp), opts.width, opts.layers, opts.codegen, opts.weights)
+        for file in Path(tmp).iterdir():  # the page cache holds the files, as on a host
+            file.read_bytes()             # that loaded them before
+        print(f"{'mode':18} {'load ms':>9} {'first ms':>9} {'warm ms':>9} {'first/warm':>11} "
+              f"{'per process':>12}")
+        for mode in ("lazy", "lazy+idle", "lazy sha256", "lazy+idle sha256", "off"):
             runs = []
+            env = {**os.environ, "KILN_WEIGHTS_HASH": mode.split()[-1]
+                   if mode.endswith("sha256") else "lane64"}
             for _ in range(opts.rounds):
                 out = subprocess.run([sys.executable, "-c", CHILD, str(so), mode, str(opts.rows),
                                       str(opts.width), str(opts.repeat)],
-                                     capture_output=True, text=True, check=True)
+                                     capture_output=True, text=True, check=True, env=env)
                 runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-            print(f"{mode:12} {med['load_ms']:9.1f} {med['first_ms']:9.1f} "
-                  f"{med['warm_ms']:9.1f} {med['first_ms'] / med['warm_ms']:11.2f}")
+            own = statistics.median(r["first_ms"] / r["warm_ms"] for r in runs)
+            print(f"{mode:18} {med['load_ms']:9.1f} {med['first_ms']:9.1f} "
+                  f"{med['warm_ms']:9.1f} {med['first_ms'] / med['warm_ms']:11.2f} {own:12.2f}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@
  *
  * A library exported with weights="external" exports `{prefix}_map_weights`: the
  * program maps $KILN_WEIGHTS, else `<library>.weights`, before the first call
- * (docs/runtime.md "External weights").
+ * (docs/runtime.md "External weights"). It then checks the weights, embedded or
+ * mapped, with `{prefix}_check_weights` (docs/runtime.md "Checking the weights":
+ * a hash at memory bandwidth, about 0.1 s per GiB) and refuses damaged ones.
  */
 #include <kiln/kiln.h>
 
@@ -73,6 +75,23 @@ static int map_weights(void *lib, const char *path, const char *prefix) {
   if (rc != 0) fprintf(stderr, "%s: cannot map the weights file %s (%d)\n", path, weights, rc);
   return rc;
 }
+
+/* Check the weights against the library's table of chunk hashes (kiln_check.c). */
+static int check_weights(void *lib, const char *path, const char *prefix) {
+  int64_t (*check)(int64_t, int64_t);
+  int64_t (*chunks)(void);
+  int64_t bad;
+  char name[256];
+  snprintf(name, sizeof name, "%s_check_weights", prefix);
+  *(void **)&check = dlsym(lib, name);
+  snprintf(name, sizeof name, "%s_weights_chunks", prefix);
+  *(void **)&chunks = dlsym(lib, name);
+  if (!check || !chunks) return 0; /* no weights, or exported before the check existed */
+  bad = check(0, chunks());
+  if (bad == -1) return 0;
+  fprintf(stderr, "%s: its weights are damaged (4 MiB chunk %lld)\n", path, (long long)bad);
+  return 1;
+}
 #endif
 
 int main(int argc, char **argv) {
@@ -105,6 +124,7 @@ int main(int argc, char **argv) {
       return 1;
     }
     if (map_weights(lib, argv[1], argv[2]) != 0) return 1;
+    if (check_weights(lib, argv[1], argv[2]) != 0) return 1;
   }
 #endif
   {

@@ -19,6 +19,7 @@ from kiln.errors import CompileError, FormatError
 from kiln.export import export_library, load_module
 from kiln.runtime import include_dir
 from kiln.runtime.threads import POOL_EXPORTS
+from kiln.runtime.weights_check import CHECK_EXPORTS
 from support import handmade_lib as hm
 
 META = hm.library_metadata("kiln_")
@@ -112,7 +113,8 @@ def test_exported_symbols_are_exactly_the_abi(exported: dict[str, Path]) -> None
     symbols = {line.split()[-1] for line in nm.splitlines()}
     assert symbols == {"kiln_add_one", "kiln_scale_add", "kiln_main", "kiln_split",
                        "kiln__last_error", "kiln__metadata", "kiln__cpu_missing", "kiln__blob",
-                       *(f"kiln__{name}" for name in POOL_EXPORTS)}
+                       *(f"kiln__{name}" for name in POOL_EXPORTS),
+                       *(f"kiln__{name}" for name in CHECK_EXPORTS)}  # the weights' check
     kinds = {line.split()[-1]: line.split()[-2] for line in nm.splitlines()}
     assert kinds["kiln__blob"] == "R"  # read-only data
 
@@ -232,16 +234,19 @@ def test_exporting_again_reuses_the_compiled_objects(tmp_path: Path,
     monkeypatch.setattr(native, "_run_all", recording)
     object_cache.clear()
     so = export_library(hm.artifacts(), META, tmp_path / "m.so", prefix="kiln_")
-    assert sorted(compiled) == ["host.c", "kernels.c"]
+    assert sorted(compiled) == ["host.c", "kernels.c", "kiln_check.c",
+                                "kiln_hash64.c"]
     reused = export_library(hm.artifacts(), META, tmp_path / "reused.a", prefix="kiln_")
-    assert sorted(compiled) == ["host.c", "kernels.c"]  # nothing compiled again
+    assert sorted(compiled) == ["host.c", "kernels.c", "kiln_check.c",
+                                "kiln_hash64.c"]  # nothing compiled again
     object_cache.clear()
     fresh = export_library(hm.artifacts(), META, tmp_path / "fresh" / "reused.a",
                            prefix="kiln_")
     assert reused.read_bytes() == fresh.read_bytes()
     compiled.clear()
     export_library(hm.artifacts(), META, tmp_path / "o1.so", prefix="kiln_", options=["-O1"])
-    assert sorted(compiled) == ["host.c", "kernels.c"]
+    assert sorted(compiled) == ["host.c", "kernels.c", "kiln_check.c",
+                                "kiln_hash64.c"]
     with load_module(so) as lib:
         x = np.arange(4, dtype=np.float32)
         np.testing.assert_array_equal(lib["main"](x), hm.reference("main", x))
@@ -259,7 +264,8 @@ def test_fcompile_replaces_the_link_step(tmp_path: Path) -> None:
     (out, objects, options), = seen
     assert out.parent == tmp_path and out != so  # linked into a temporary, then renamed
     # The weights are assembled into blob.o, right after the blob (docs/format.md).
-    assert sorted(o.name for o in objects) == ["blob.o", "host.c.o", "kernels.c.o"]
+    assert sorted(o.name for o in objects) == ["blob.o", "host.c.o", "kernels.c.o",
+                                               "kiln_check.c.o", "kiln_hash64.c.o"]
     assert options == ["-DUNUSED_FLAG=1"]
     with load_module(so) as lib:
         np.testing.assert_array_equal(lib["main"](np.zeros(4, np.float32)), hm.WEIGHTS)

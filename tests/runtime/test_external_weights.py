@@ -20,12 +20,14 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.artifact import Artifact, weights_file
+from kiln.artifact import Artifact, blob, weights_file
+from kiln.artifact.elf import find_blob_symbol
 from kiln.artifact.integrity import chunk_digests
 from kiln.errors import ExportError, FormatError, MissingFileError, UsageError
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir import graph as g
 from kiln.runtime import external_weights, load_module
+from kiln.runtime.library import export_library
 from support.c_programs import EXAMPLES, build_c_program
 from support.processes import run_python
 from support.toolchains import c_compiler
@@ -69,6 +71,21 @@ def copy_library(libs: dict[str, Path], dest: Path, weights: bool = True) -> Pat
     if weights:
         shutil.copy(str(libs["external"]) + ".weights", dest / "ext.so.weights")
     return so
+
+
+def blob_of(so: Path) -> tuple[int, blob.BlobContents]:
+    """Where a library's blob starts in its file, and what it holds."""
+    with open(so, "rb") as f:
+        sym = find_blob_symbol(f, str(so))
+    data = so.read_bytes()
+    size = blob.blob_length(data[sym.file_offset:sym.file_offset + blob.HEADER_SIZE])
+    return sym.file_offset, blob.unpack(data[sym.file_offset:sym.file_offset + size])
+
+
+def embedded_weights_at(so: Path) -> int:
+    """Where the first weights of a library that embeds them start in its file."""
+    start, contents = blob_of(so)
+    return start + contents.linked[0].offset
 
 
 def patch(path: Path, offset: int, data: bytes) -> None:
@@ -143,15 +160,37 @@ def test_a_damaged_truncated_or_foreign_weights_file_is_refused(libs, tmp_path):
     _refused(so, "damaged header|inconsistent|unreadable")
 
 
-def test_damaged_weight_data_never_reaches_a_result(libs, tmp_path):
+@pytest.mark.parametrize("weights", ["embedded", "external"])
+def test_a_library_without_the_check_table_is_checked_by_its_sha256s(libs, tmp_path, weights):
+    """As a library exported before the weights check record: the SHA-256s, as before."""
+    ex = libs["ex"]
+    if ex.target.kind.name != "llvm":
+        pytest.skip("one codegen is enough for the older path")
+    so = export_library(ex.artifacts, ex.metadata, tmp_path / "old.so", prefix=ex.prefix,
+                        weights=weights, weights_check=False)
+    assert "weights_check" not in blob_of(so)[1].metadata
+    assert "weights_check" in blob_of(libs[weights])[1].metadata
+    if weights == "external":
+        patch(Path(str(so) + ".weights"), weights_file.ALIGN + 100, b"\xff")
+    else:
+        patch(so, embedded_weights_at(so) + 100, b"\xff")
+    with load_module(so) as m, pytest.raises(FormatError, match="SHA-256 mismatch"):
+        m["main"](X)
+
+
+@pytest.mark.parametrize("hash_name, words", [("lane64", r"checksum \(kiln.lane64/1\)"),
+                                              ("sha256", "SHA-256")])
+def test_damaged_weight_data_never_reaches_a_result(libs, tmp_path, monkeypatch, hash_name,
+                                                    words):
+    monkeypatch.setenv("KILN_WEIGHTS_HASH", hash_name)  # the library's table, or the file's
     so = copy_library(libs, tmp_path)
     weights = Path(str(so) + ".weights")
     data_at = weights_file.ALIGN  # the first tensor
     patch(weights, data_at + 100, b"\xff\xff\xff\xff")
-    _refused(so, r"tensor 'constants.bin': SHA-256 mismatch in bytes \[0, ", verify_weights=True)
+    _refused(so, rf"tensor 'constants.bin': {words} mismatch in bytes \[0, ", verify_weights=True)
     with load_module(so) as m:  # lazy: the first call checks, and every call refuses
         for _ in range(2):
-            with pytest.raises(FormatError, match="SHA-256 mismatch"):
+            with pytest.raises(FormatError, match=f"{words} mismatch"):
                 m["main"](X)
 
 
@@ -222,6 +261,16 @@ def test_a_c_program_maps_the_weights_file(libs, tmp_path):
     env = {**os.environ, "KILN_WEIGHTS": str(libs["other"]) + ".weights"}
     proc = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 1 and "(-3)" in proc.stderr
+    # A damaged weight, in the file or embedded: the program's check refuses it.
+    patch(Path(str(so) + ".weights"), weights_file.ALIGN + 100, b"\xff")
+    emb = tmp_path / "emb.so"
+    data = bytearray(libs["embedded"].read_bytes())
+    data[embedded_weights_at(libs["embedded"]) + 100] ^= 0x01
+    emb.write_bytes(bytes(data))
+    for lib in (so, emb):
+        args[1] = str(lib)
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1 and "weights are damaged (4 MiB chunk 0)" in proc.stderr
 
 
 def test_the_weights_loader_is_warning_free_c(tmp_path):

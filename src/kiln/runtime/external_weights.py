@@ -34,7 +34,7 @@ from kiln.errors import FormatError, MissingFileError, UsageError
 from kiln.runtime import ctypes_abi
 from kiln.runtime.memory_library import is_memory_path
 from kiln.runtime.native import include_dir
-from kiln.runtime.weights import ChunkCheck, Region
+from kiln.runtime.weights import ChunkCheck, Region, RegionsCheck, lane_record
 
 if TYPE_CHECKING:
     from kiln.runtime.module import LibraryModule
@@ -189,6 +189,29 @@ def _match(header: WeightsHeader, entry: Mapping[str, Any], path: Path, where: s
                           f"({wanted})")
 
 
+def file_check(lib: LibraryModule, shared: SharedWeights, metadata: Mapping[str, Any]
+               ) -> ChunkCheck:
+    """The check of `lib`'s external weights: through the library's kiln.lane64 table
+    (kiln.runtime.weights_check; the file is then marked verified for every library
+    sharing it), else the file's own check against its index's SHA-256s."""
+    lanes = lane_record(lib, metadata)
+    if lanes is None:
+        return shared
+    names = {t.get("symbol"): t.get("name") for t in metadata["weights"].get("tensors", [])}
+    regions = []
+    for record, chunk, intact in lanes:
+        name = names.get(record.get("symbol"))
+        if not isinstance(name, str):
+            raise FormatError(f"{lib.path}: the 'weights_check' record names "
+                              f"{record.get('symbol')!r}, no tensor of its weights file")
+        view = shared.tensor(name)
+        if len(view) != record["size"]:
+            raise FormatError(f"{lib.path}: tensor '{name}' holds {len(view)} bytes, its "
+                              f"'weights_check' record {record['size']}")
+        regions.append(Region(view, b"", chunk, f"{shared.path}: tensor '{name}'", intact))
+    return RegionsCheck(regions, then=lambda: setattr(shared, "done", True))
+
+
 def attach(lib: LibraryModule, entry: Mapping[str, Any], weights: Any) -> SharedWeights:
     """Map `lib`'s external weights (from `weights`, else beside the library) into it."""
     if not isinstance(entry, Mapping) or not isinstance(entry.get("file"), str):
@@ -217,4 +240,5 @@ def attach(lib: LibraryModule, entry: Mapping[str, Any], weights: Any) -> Shared
 
 
 __all__ = ["MAP_ERRORS", "WEIGHTS_MODES", "SharedWeights", "attach", "default_weights_path",
-           "export_weights", "map_symbols", "mapped_hashes", "shared_weights", "tensor_name"]
+           "export_weights", "file_check", "map_symbols", "mapped_hashes", "shared_weights",
+           "tensor_name"]

@@ -56,6 +56,7 @@ from kiln.runtime.external_weights import (
 )
 from kiln.runtime.threads import POOL_EXPORTS
 from kiln.runtime.toolchain import default_compiler
+from kiln.runtime.weights_check import check_artifact, check_symbols
 
 SUFFIXES = {".so": "shared library", ".tar": "artifact archive",
             ".a": "static library + header"}
@@ -69,7 +70,7 @@ def export_library(
     file_name: str | os.PathLike[str], *, prefix: str, fcompile: FCompile | None = None,
     workspace_dir: str | os.PathLike[str] | None = None, cc: Any = None,
     options: Sequence[str] | None = None, weights: str = "embedded",
-    weights_path: str | os.PathLike[str] | None = None,
+    weights_path: str | os.PathLike[str] | None = None, weights_check: bool = True,
 ) -> Path:
     """Write `artifacts` as the library `file_name`; the suffix picks the kind.
 
@@ -86,6 +87,10 @@ def export_library(
     `weights_path` (default `<file_name>.weights`), whose content hash the library
     records (kiln.runtime.external_weights, docs/format.md); "embedded" (the
     default) keeps them inside the library.
+
+    `weights_check=False` leaves out the table of chunk hashes the weights are
+    checked by (kiln.runtime.weights_check), for a library only this process loads
+    without checking it (`Executable.jit()`); its weights cannot be checked.
     """
     if not isinstance(file_name, (str, os.PathLike)):
         raise ArgumentTypeError(f"export_library: file_name must be a str or os.PathLike, "
@@ -120,10 +125,8 @@ def export_library(
             "blob carries these artifacts to their loaders")
     weights_file = _weights_file(external, native_arts, prefix, path, weights_path)
     with weights_file as outside, _workspace(workspace_dir) as work, _step("export"):
-        code = [a for a in native_arts if a.extension != ".bin"]
-        if outside is not None:  # the weights go to their own file; a loader comes in
-            code.append(outside[0])
-            metadata = {**metadata, "weights": outside[1]}
+        code, metadata, extra_exports = _code_to_compile(native_arts, metadata, prefix, outside,
+                                                         weights_check)
         with _step("export.compile"):
             objects = native.compile_native(code, work / "native", prefix=prefix, cc=cc,
                                             options=options)
@@ -135,8 +138,7 @@ def export_library(
                                        deferred=deferred, embed_data=not external))
         # Without native code the library only carries the blob (for the loaders).
         exports = (abi_symbols(metadata, prefix) + native.native_exports(native_arts)
-                   + (map_symbols(prefix) if external else [])
-                   if native_arts else [f"{prefix}_blob"])
+                   + extra_exports if native_arts else [f"{prefix}_blob"])
         _check_symbols(exports)
         if suffix == ".so":
             with _atomic(path, 0o755) as tmp, _step("export.link"):
@@ -156,6 +158,29 @@ def export_library(
                 tmp_h.write_text(static_header(metadata, prefix, header.name, path.name,
                                                native.native_libs(native_arts)))
     return path
+
+
+def _code_to_compile(native_arts: Sequence[AnyArtifact], metadata: Mapping[str, Any],
+                     prefix: str, outside: tuple[Artifact, dict[str, Any]] | None,
+                     weights_check: bool
+                     ) -> tuple[list[AnyArtifact], Mapping[str, Any], list[str]]:
+    """The native code to compile: the artifacts', the loader of an external weights
+    file (`outside`) and the weights' check (kiln.runtime.weights_check); the
+    metadata with their records; the symbols they export besides the ABI's."""
+    code: list[AnyArtifact] = [a for a in native_arts if a.extension != ".bin"]
+    exports: list[str] = []
+    if outside is not None:  # the weights go to their own file; a loader comes in
+        code.append(outside[0])
+        metadata = {**metadata, "weights": outside[1]}
+        exports += map_symbols(prefix)
+    with _step("export.check"):  # the chunk hashes the library checks its weights by
+        checked = check_artifact([require_serializable(a) for a in native_arts
+                                  if a.extension == ".bin"], prefix) if weights_check else None
+    if checked is not None:
+        code.extend(checked[0])
+        metadata = {**metadata, "weights_check": checked[1]}
+        exports += check_symbols(prefix)
+    return code, metadata, exports
 
 
 @contextlib.contextmanager
@@ -211,7 +236,7 @@ _STEP_TIMER: list[Callable[[str], contextlib.AbstractContextManager[None]]] = []
 def set_step_timer(timer: Callable[[str], contextlib.AbstractContextManager[None]] | None
                    ) -> None:
     """Have `timer(name)`, a context manager, time the steps of `export_library`
-    ("export", "export.compile", "export.data", "export.link"); None: time nothing.
+    ("export", "export.compile", "export.check", "export.data", "export.link"); None: time nothing.
     The compiler sets its instruments' timer when it is imported; the runtime alone
     (a deploy host) times nothing."""
     _STEP_TIMER[:] = [] if timer is None else [timer]
@@ -493,6 +518,15 @@ def static_header(metadata: Mapping[str, Any], prefix: str, header_name: str,
         f"int32_t {prefix}_pool_stats(int64_t *out, int32_t size);",
         "",
     ]
+    if metadata.get("weights_check"):
+        lines += [
+            "/* The weights' check (docs/runtime.md, \"Checking the weights\"): -1 if",
+            " * chunks [first, first + count) are intact, else the first damaged one. */",
+            f"int64_t {prefix}_check_weights(int64_t first, int64_t count);",
+            f"int64_t {prefix}_weights_chunks(void);",
+            f"uint64_t {prefix}_hash64(const void *data, uint64_t n);",
+            "",
+        ]
     if metadata.get("profile"):
         lines += [
             "/* Per-kernel timings (built with profile=True; docs/abi.md, \"Profiling\"). */",

@@ -37,7 +37,7 @@ from kiln.artifact.elf import host_machine, machine_name
 from kiln.errors import ArgumentTypeError, FormatError, MissingFileError, UsageError
 from kiln.runtime.cpu_features import check_library
 from kiln.runtime.dynsym import find_blob_symbol
-from kiln.runtime.external_weights import attach
+from kiln.runtime.external_weights import attach, file_check
 from kiln.runtime.library import export_library
 from kiln.runtime.loaders import LoadContext, run_loader
 from kiln.runtime.memory_library import memory_file
@@ -158,7 +158,7 @@ def load_artifacts(
             so_path = Path(load_dir) / "lib.so"
             build_dir = Path(load_dir) / "build"
             export_library(stored, meta, so_path, prefix=prefix, workspace_dir=build_dir, cc=cc,
-                           fcompile=fcompile)
+                           fcompile=fcompile, weights_check=False)  # never checked, below
             if workspace_dir is None:
                 shutil.rmtree(build_dir, ignore_errors=True)
             # Just linked from artifacts in memory: nothing to check the weights against.
@@ -223,7 +223,8 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
         check_weights(root, address, found.size, contents, verify_weights)
         if "weights" in contents.metadata:  # exported with weights="external"
             root.weights = attach(root, contents.metadata["weights"], weights)
-            arm_check(root, root.weights, verify_weights)  # the thread holds the mapping
+            check = file_check(root, root.weights, contents.metadata)
+            arm_check(root, check, verify_weights, keep=root.weights)  # holds the mapping
         elif weights is not None:
             raise UsageError(f"{path}: weights={weights!r} given, but the library's weights "
                              "are embedded in it")

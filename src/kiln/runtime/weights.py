@@ -1,9 +1,13 @@
-"""The check of a loaded library's weights against the chunk hashes in its blob.
+"""The check of a loaded library's weights against the chunk hashes it carries.
 
-A library exported by kiln (blob format 2, docs/format.md) carries its native
+A library exported by kiln (blob format 2 on, docs/format.md) carries its native
 data (the weights) right after the blob and records, in the blob's LINKED_DATA
 section, where each lies and the SHA-256 of each 4 MiB chunk. The blob itself
-is checksummed, so once it is read the weights can be checked against it.
+is checksummed, so once it is read the weights can be checked against it. A
+library exported since the weights check record also links a table of each
+chunk's kiln.lane64 hash and `{prefix}_check_weights` (kiln.runtime.weights_check),
+a hash at memory bandwidth: its chunks are checked through that entry (a ctypes
+call, without the GIL), the SHA-256s otherwise (or with $KILN_WEIGHTS_HASH=sha256).
 
 `load_module(path, verify_weights=...)` picks when:
 
@@ -34,11 +38,13 @@ import hashlib
 import os
 import threading
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kiln.artifact.integrity import DIGEST_SIZE, chunk_count
+from kiln.artifact.integrity import DIGEST_SIZE, LANE64, chunk_count
 from kiln.errors import FormatError, UsageError
+from kiln.runtime.weights_check import LaneRegion, lane_regions
 
 if TYPE_CHECKING:
     from kiln.artifact.blob import BlobContents
@@ -104,12 +110,15 @@ class CheckOnce(abc.ABC):
 
 @dataclass(frozen=True)
 class Region:
-    """Bytes to check: `view` against `digests`, one SHA-256 per `chunk_size` piece."""
+    """Bytes to check: `view` against `digests`, one SHA-256 per `chunk_size` piece;
+    or, with `intact`, chunk k by `intact(k)` (the library's kiln.lane64 check,
+    kiln.runtime.weights_check; `digests` unused)."""
 
     view: memoryview
     digests: bytes
     chunk_size: int
     what: str  # how an error names it
+    intact: Callable[[int], bool] | None = None
 
 
 class ChunkCheck(CheckOnce):
@@ -229,7 +238,8 @@ class ChunkCheck(CheckOnce):
     def _plan(self) -> None:
         regions = self.regions()
         for r in regions:
-            if len(r.digests) != chunk_count(len(r.view), r.chunk_size) * DIGEST_SIZE:
+            if r.intact is None and \
+                    len(r.digests) != chunk_count(len(r.view), r.chunk_size) * DIGEST_SIZE:
                 raise FormatError(f"{r.what}: {len(r.view)} bytes need "
                                   f"{chunk_count(len(r.view), r.chunk_size)} chunk digests, "
                                   f"the record has {len(r.digests) // DIGEST_SIZE}")
@@ -242,6 +252,11 @@ class ChunkCheck(CheckOnce):
         r = self._regions[item[0]]
         start = item[1] * r.chunk_size
         end = min(start + r.chunk_size, len(r.view))
+        if r.intact is not None:  # a ctypes call: the GIL is released meanwhile
+            if r.intact(item[1]):
+                return None
+            return FormatError(f"{r.what}: checksum ({LANE64}) mismatch in bytes [{start}, "
+                               f"{end}) of {len(r.view)} (the data is damaged)")
         with r.view[start:end] as piece:  # hashlib releases the GIL on large data
             digest = hashlib.sha256(piece).digest()
         if digest == r.digests[item[1] * DIGEST_SIZE:(item[1] + 1) * DIGEST_SIZE]:
@@ -283,28 +298,59 @@ if hasattr(os, "register_at_fork"):
 
 
 class WeightCheck(ChunkCheck):
-    """Hashes a library's linked data once; remembers and re-raises a failure."""
+    """Hashes a library's linked data once; remembers and re-raises a failure.
+
+    With `lanes` (kiln.runtime.weights_check.lane_regions of the blob's
+    `weights_check` record) each datum is checked through the library's
+    `{prefix}_check_weights`; otherwise against the blob's SHA-256s.
+    """
 
     def __init__(self, lib: LibraryModule, address: int, symbol_size: int,
-                 contents: BlobContents) -> None:
+                 contents: BlobContents, lanes: list[LaneRegion] | None = None) -> None:
         super().__init__()
         items = list(contents.artifacts)
+        by_name = {str(r.get("artifact")): (chunk, intact) for r, chunk, intact in lanes or ()}
         self.where = str(lib.path)
         self.spans = []
         for d in contents.linked:
             a = items[d.artifact]
-            what = f"{lib.path}: linked data {a.codegen_id}/{a.file_name}"
+            name = f"{a.codegen_id}/{a.file_name}"
+            what = f"{lib.path}: linked data {name}"
             if d.offset + d.length > symbol_size:
                 raise FormatError(f"{what} ends at byte {d.offset + d.length} of the blob "
                                   f"symbol, which holds only {symbol_size} (damaged file)")
-            self.spans.append((address + d.offset, d.length, d.chunk_size, d.digests, what))
+            if lanes is not None and name not in by_name:
+                raise FormatError(f"{what} is missing from the blob's 'weights_check' record "
+                                  "(damaged file)")
+            chunk, intact = by_name.get(name, (d.chunk_size, None))
+            self.spans.append((address + d.offset, d.length, chunk, d.digests, what, intact))
         self.done = not self.spans
 
     def regions(self) -> list[Region]:
         """The linked data, read in place in the mapped library."""
         return [Region(memoryview((ctypes.c_uint8 * length).from_address(address)).cast("B"),
-                       digests, chunk, what)
-                for address, length, chunk, digests, what in self.spans]
+                       digests, chunk, what, intact)
+                for address, length, chunk, digests, what, intact in self.spans]
+
+
+class RegionsCheck(ChunkCheck):
+    """Checks the regions it is given; `then()` runs once all are intact."""
+
+    def __init__(self, given: list[Region], then: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self._given = given
+        self._then = then
+        self.done = not given
+
+    def regions(self) -> list[Region]:
+        """The regions given."""
+        return self._given
+
+    def run(self) -> None:
+        """ChunkCheck.run, then `then()` (once everything is intact)."""
+        super().run()
+        if self._then is not None:
+            self._then()
 
 
 class _CheckedEntry:
@@ -320,6 +366,22 @@ class _CheckedEntry:
         return self.c_func(*args)
 
 
+def hash_choice() -> str:
+    """`$KILN_WEIGHTS_HASH`: "lane64" (the default: a library's kiln.lane64 table where
+    it has one, else its SHA-256s) or "sha256" (the SHA-256s always; slower)."""
+    value = os.environ.get("KILN_WEIGHTS_HASH", "lane64").strip().lower()
+    if value not in ("lane64", "sha256"):
+        raise UsageError(f"$KILN_WEIGHTS_HASH must be 'lane64' or 'sha256', got {value!r}")
+    return value
+
+
+def lane_record(lib: LibraryModule, metadata: Mapping[str, Any]) -> list[LaneRegion] | None:
+    """The library's kiln.lane64 regions to check by (None: check the SHA-256s)."""
+    if "weights_check" not in metadata or hash_choice() == "sha256":
+        return None
+    return lane_regions(lib.cdll, metadata["weights_check"], str(lib.path))
+
+
 def check_weights(lib: LibraryModule, address: int, symbol_size: int,
                   contents: BlobContents, mode: bool | str | None) -> None:
     """Check `lib`'s weights now, or in the background and before its first call, per
@@ -327,7 +389,8 @@ def check_weights(lib: LibraryModule, address: int, symbol_size: int,
     """
     if verify_mode(mode) is False or not contents.linked:
         return
-    arm_check(lib, WeightCheck(lib, address, symbol_size, contents), mode, keep=lib)
+    lanes = lane_record(lib, contents.metadata)
+    arm_check(lib, WeightCheck(lib, address, symbol_size, contents, lanes), mode, keep=lib)
 
 
 def arm_check(lib: LibraryModule, check: CheckOnce, mode: bool | str | None, *,
@@ -353,5 +416,5 @@ def arm_check(lib: LibraryModule, check: CheckOnce, mode: bool | str | None, *,
         fn.c_func = _CheckedEntry(fn.c_func, check)  # type: ignore[attr-defined]
 
 
-__all__ = ["CheckOnce", "ChunkCheck", "Region", "WeightCheck", "arm_check", "check_weights",
-           "verify_mode"]
+__all__ = ["CheckOnce", "ChunkCheck", "Region", "RegionsCheck", "WeightCheck", "arm_check",
+           "check_weights", "hash_choice", "lane_record", "verify_mode"]

@@ -51,7 +51,7 @@ def timed_step(name: str) -> Iterator[None]:
 
     kiln wraps its backend steps in this: `fingerprint`, `cache.lookup`,
     `codegen` (with `codegen.<backend step>` inside, e.g. `codegen.emit_object`),
-    `cache.store`, and `export` (with `export.compile`, `export.data`,
+    `cache.store`, and `export` (with `export.check`, `export.compile`, `export.data`,
     `export.link`). Steps nest (depth counts the enclosing steps). A step that
     raises is not reported. The code generators, which do not import kiln.transform,
     reach this through `kiln.ir.steps.timed_step`.
