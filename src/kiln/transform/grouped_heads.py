@@ -15,6 +15,10 @@ broadcasting), so the cache is read where it lies. The two new reshapes copy A a
 result (one query row a head in a decode step) instead of the cache. The rewrite runs
 in `MergeCopies` after the transposed-B rule, which has already turned attention's
 `K^T` into `transpose_b`.
+
+Not matched yet: torch's dynamo export transposes the expanded keys through a 3-D view
+(`reshape [b * h, t, d] -> transpose -> reshape [b, h, d, t]`), so there only the values'
+product reads its cache in place (TorchScript exports: both).
 """
 
 from __future__ import annotations
