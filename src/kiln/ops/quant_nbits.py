@@ -16,10 +16,17 @@ The weight is `W[k, n] = (code - zero_point) * scale` of `k`'s block, and the re
 the scales) and the kernel (kiln.kernels.gemm.nbits) unpacks them as it goes. The te
 compute (the portable lowering) and the reference dequantize elementwise.
 
+An optional attribute `accuracy_level` is MatMulNBits' (how far A may be quantized):
+at 4 (`A_INT8_LEVEL`) a kernel may quantize A to int8 per block, as onnxruntime does
+(kiln.kernels.gemm.nbits_int8); the te compute and the reference stay float32.
+
 `matmul_nbits_packed(a, bp, scales[, zero_points])` is the same product on the operands
 the `nbits` kernel family repacks at compile time (`pack_nbits`): panels of `nr` columns,
 each byte of the panel's columns contiguous, so the kernel loads `nr` columns' codes with
-one vector load and broadcasts A.
+one vector load and broadcasts A. With the attribute `words` (`pack_nbits_words`, 4-bit
+codes at accuracy level 4) `bp` is int32 `[panels, blocks, block / 8, nr]` instead: each
+word holds 8 codes of one column, in the order the int8 dot products of A's words take
+them (`word_code_k`).
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ from kiln.ops.packed_attrs import recorded_tile
 from kiln.ops.registry import OPS, OpDef
 
 MATMUL_NBITS = "matmul_nbits"
+#: MatMulNBits' accuracy_level at which A may be quantized to int8 per block.
+A_INT8_LEVEL = 4
+#: The packed op's attribute: B in words of 8 codes (`pack_nbits_words`).
+WORDS = "words"
 #: The widths of the codes the op takes.
 NBITS_WIDTHS = (4, 8)
 Attrs = Mapping[str, Any]
@@ -64,13 +75,13 @@ def _check(types: Sequence[Any], attrs: Attrs) -> tuple[int, int]:
 
 
 def _check_operands(op: str, types: Sequence[Any], k: int, n: int, b_shape: tuple[int, ...],
-                    block_shape: tuple[int, ...]) -> tuple[int, int]:
-    """(K, N), after checking `op`'s operands: B uint8 of `b_shape`, scales and zero
+                    block_shape: tuple[int, ...], b_type: str = "uint8") -> tuple[int, int]:
+    """(K, N), after checking `op`'s operands: B `b_type` of `b_shape`, scales and zero
     points float32 of `block_shape`, A float32 `[..., K]`."""
     if len(types) not in (3, 4):
         raise IRError(f"{op}: takes a, b, scales and optional zero_points, got "
                       f"{len(types)} operands")
-    want = [("b", "uint8", b_shape), ("scales", "float32", block_shape),
+    want = [("b", b_type, b_shape), ("scales", "float32", block_shape),
             ("zero_points", "float32", block_shape)]
     for t, (what, dtype, shape) in zip(types[1:], want):
         if t.dtype != dtype or tuple(t.shape) != shape:
@@ -168,6 +179,48 @@ def pack_nbits(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None
     return out + ([_panels(zero_points, nr)] if zero_points is not None else [])
 
 
+def word_code_k(block: int) -> np.ndarray:
+    """`[block / 8, 4, 2]`: the k within a block of the code in word `j`, byte `i`,
+    nibble `h` (0 low, 1 high) of `pack_nbits_words`' layout. A's int8 words hold
+    `k = g + i * block / 4` in byte `i` of word `g` (so they are packed from contiguous
+    vectors of A); a B word's low nibbles pair with A's word `j`, its high ones with word
+    `j + block / 8`, so one mask (low) or shift and mask (high) makes 4 bytes of codes."""
+    quarter, eighth = block // 4, block // 8
+    j, i, h = np.meshgrid(np.arange(eighth), np.arange(4), np.arange(2), indexing="ij")
+    return np.asarray(j + h * eighth + i * quarter)
+
+
+def pack_nbits_words(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
+                     nr: int) -> list[np.ndarray]:
+    """4-bit `matmul_nbits` operands in panels of `nr` columns with B as int32 words of 8
+    codes (`[panels, blocks, block / 8, nr]`, `word_code_k`'s order); scales and zero
+    points as `pack_nbits`'."""
+    n, blocks, blob = b.shape
+    block = 2 * blob
+    codes = ((b[..., None] >> np.array([0, 4], np.uint8)) & np.uint8(15)).reshape(
+        n, blocks, block).astype(np.uint32)
+    at = codes[..., word_code_k(block)]  # [n, blocks, block / 8, 4, 2]
+    byte = at[..., 0] | (at[..., 1] << 4)
+    words = np.zeros((n, blocks, block // 8), np.uint32)
+    for i in range(4):
+        words |= byte[..., i] << np.uint32(8 * i)
+    out = [_panels(words.view(np.int32), nr), _panels(scales, nr)]
+    return out + ([_panels(zero_points, nr)] if zero_points is not None else [])
+
+
+def _words_codes(words: np.ndarray, block: int) -> np.ndarray:
+    """`pack_nbits_words`' words (`[N, blocks, block / 8]`) back to MatMulNBits' bytes."""
+    n, blocks, _ = words.shape
+    u = words.view(np.uint32)
+    codes = np.zeros((n, blocks, block), np.uint8)
+    where = word_code_k(block)
+    for i in range(4):
+        for h in range(2):
+            codes[..., where[:, i, h]] = (u >> np.uint32(8 * i + 4 * h)) & np.uint32(15)
+    pairs = codes.reshape(n, blocks, block // 2, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
+
+
 def _unpanel(x: np.ndarray, n: int) -> np.ndarray:
     """`_panels` undone."""
     moved = np.moveaxis(x, -1, 1)
@@ -176,12 +229,17 @@ def _unpanel(x: np.ndarray, n: int) -> np.ndarray:
 
 def _check_packed(types: Sequence[Any], attrs: Attrs) -> tuple[int, int]:
     """(K, N) of a packed call, its operands checked."""
-    k, n, _, _, blocks, blob = nbits_layout(attrs)
+    k, n, bits, block, blocks, blob = nbits_layout(attrs)
     bp = tuple(types[1].shape) if len(types) > 1 else ()
     nr = int(bp[-1]) if len(bp) == 4 and isinstance(bp[-1], int) and bp[-1] > 0 else 1
     panels = -(-n // nr)  # (a malformed bp: the shape of nr 1 that it fails against)
+    b_type = "uint8"
+    if attrs.get(WORDS):
+        if bits != 4:
+            raise IRError(f"{PACKED_NBITS}: words of codes hold 4-bit codes, not {bits}")
+        b_type, blob = "int32", block // 8
     return _check_operands(PACKED_NBITS, types, k, n, (panels, blocks, blob, nr),
-                           (panels, blocks, nr))
+                           (panels, blocks, nr), b_type)
 
 
 def _infer_packed(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -193,6 +251,16 @@ def _infer_packed(types: Sequence[TensorType], attrs: Attrs) -> Type:
     return matmul_infer([types[0], TensorType((k, n), "float32")], {})
 
 
+def word_code(bp: Any, p: PrimExpr, blk: PrimExpr, within: PrimExpr, v: PrimExpr,
+              block: int) -> PrimExpr:
+    """The int32 code of row `within` of block `blk`, column `v` of panel `p` in
+    `pack_nbits_words`' words `bp` (`word_code_k` inverted)."""
+    quarter, eighth = block // 4, block // 8
+    g = within % quarter
+    shift = (within // quarter) * 8 + (g // eighth) * 4
+    return (bp[p, blk, g % eighth, v] >> Cast("int32", shift)) & Const(15, "int32")
+
+
 def _compute_packed(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     k, n = _check_packed(inputs, attrs)
     _, _, bits, block, _, _ = nbits_layout(attrs)
@@ -201,11 +269,17 @@ def _compute_packed(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     zps = inputs[3] if len(inputs) > 3 else None
     nr = int(bp.shape[-1])
 
+    words = bool(attrs.get(WORDS))
+
     def element(kk: PrimExpr, j: PrimExpr) -> PrimExpr:
         p, v, blk = j // nr, j % nr, kk // block
-        byte = Cast("int32", bp[p, blk, (kk % block) // per_byte, v])
-        code = byte if per_byte == 1 else (
-            (byte >> Cast("int32", (kk % per_byte) * bits)) & Const((1 << bits) - 1, "int32"))
+        if words:
+            code = word_code(bp, p, blk, kk % block, v, block)
+        else:
+            byte = Cast("int32", bp[p, blk, (kk % block) // per_byte, v])
+            code = byte if per_byte == 1 else (
+                (byte >> Cast("int32", (kk % per_byte) * bits))
+                & Const((1 << bits) - 1, "int32"))
         zp: PrimExpr = zps[p, blk, v] if zps is not None else Const(
             float(1 << (bits - 1)), "float32")
         return (Cast("float32", code) - zp) * sp[p, blk, v]
@@ -218,7 +292,10 @@ def _ref_packed(a: np.ndarray, bp: np.ndarray, sp: np.ndarray, zp: np.ndarray | 
                 **attrs: Any) -> np.ndarray:
     n = int(attrs["n"])
     zero_points = _unpanel(zp, n) if zp is not None else None
-    return matmul_ref(a, dequantized(_unpanel(bp, n), _unpanel(sp, n), zero_points, attrs))
+    b = _unpanel(bp, n)
+    if attrs.get(WORDS):
+        b = _words_codes(b, int(attrs["block"]))
+    return matmul_ref(a, dequantized(b, _unpanel(sp, n), zero_points, attrs))
 
 
 OPS.register(PACKED_NBITS, OpDef(PACKED_NBITS, "anchor", _infer_packed, _compute_packed,

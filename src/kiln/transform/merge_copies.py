@@ -16,6 +16,9 @@ writes the whole tensor. Two patterns cost most of them:
   becomes one `reshape`, one `transpose`, or one `reshape_transpose(x, inner, perm,
   shape)` (kiln.ops.manip), one copy instead of two or three.
 
+A grouped-query attention's head expansion read by a product is read in place instead
+(kiln.transform.grouped_heads).
+
 A chain over symbolic sizes is merged when each of them is carried by the chain as it
 is (the batch of an attention's heads split, `[batch, seq, 512] -> [batch, seq, 8, 64]
 -> [batch, 8, seq, 64]`): the merged op names it by the input dimension it copies
@@ -36,6 +39,7 @@ from kiln.ir.module import IRModule
 from kiln.ir.types import Dim, TensorType
 from kiln.ops import call
 from kiln.ops.reshape_dims import reshape_attr, reshape_target
+from kiln.transform.grouped_heads import read_grouped_heads
 from kiln.transform.pass_base import FunctionPass
 
 COPY_OPS = ("reshape", "transpose", "reshape_transpose")
@@ -133,6 +137,10 @@ class MergeCopies(FunctionPass):
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
         bindings = _transposed_b(func)
+        items = list(func.bindings) if bindings is None else bindings
+        grouped = read_grouped_heads(items, var_use_counts(
+            g.Function(func.params, tuple(items), func.result)))
+        bindings = grouped if grouped is not None else bindings
         bindings = _merge_chains(func, bindings)
         if bindings is None:
             return func

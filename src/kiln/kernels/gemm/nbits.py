@@ -59,6 +59,7 @@ from kiln.ir.types import TensorType
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.gemm.families import choose_tile
 from kiln.kernels.gemm.micro_kernel import unflatten
+from kiln.kernels.gemm.nbits_int8 import gemv_nbits_int8
 from kiln.kernels.registry import Family
 from kiln.kernels.tiles import (
     Epilogue,
@@ -71,7 +72,16 @@ from kiln.kernels.tiles import (
 )
 from kiln.ops import te
 from kiln.ops.packed_attrs import TILE, recorded_tile
-from kiln.ops.quant_nbits import MATMUL_NBITS, PACKED_NBITS, nbits_layout, pack_nbits
+from kiln.ops.quant_nbits import (
+    A_INT8_LEVEL,
+    MATMUL_NBITS,
+    PACKED_NBITS,
+    WORDS,
+    nbits_layout,
+    pack_nbits,
+    pack_nbits_words,
+    word_code,
+)
 from kiln.target.isa import ISA
 
 #: Panels of one GEMV register tile: with two vectors a panel, 4 vector accumulators and
@@ -98,6 +108,8 @@ class NbitsNest:
     bits: int
     block: int
     isa: ISA
+    #: B in `pack_nbits_words`' int32 words (accuracy level 4: the int8 GEMV)
+    words: bool = False
 
     @property
     def panels(self) -> int:
@@ -144,7 +156,11 @@ class NbitsNest:
         """The dequantized weight of row `kk`, column `v` of panel `p`."""
         blk = kk // self.block
         within = kk % self.block
-        code = self.code(p, blk, within // self.fields, v, within % self.fields)
+        code: PrimExpr
+        if self.words:
+            code = Cast("float32", word_code(self.bp, p, blk, within, v, self.block))
+        else:
+            code = self.code(p, blk, within // self.fields, v, within % self.fields)
         return (code - self.zero_point(p, blk, v)) * self.scales[p, blk, v]
 
 
@@ -221,6 +237,13 @@ def _gemv_tile(nest: NbitsNest, t: PrimExpr, apad: Buffer, asum: Buffer) -> Stmt
     blk = Var("blk", INDEX_DTYPE)
     blocks = For(blk, const(0), const(nest.blocks), "serial",
                  _gemv_block(nest, panels, blk, apad, asum, acc))
+    return seq(*lets, Allocate(acc), init, blocks, store_tile(nest, t, rows, acc))
+
+
+def store_tile(nest: NbitsNest, t: PrimExpr, rows: int, acc: Buffer) -> Stmt:
+    """The accumulators `acc[r, v]` of GEMV tile `t` (panels `t * rows ...`) stored
+    through the epilogue: the tile's panels before the last, their columns before N."""
+    nr = nest.nr
     stage = Buffer("stage", (rows, nr), "float32", "local")
     copy = lanes_loop("v", nr, lambda v: seq(*(Store(stage, acc[const(r), v], (const(r), v))
                                               for r in range(rows))))
@@ -228,16 +251,18 @@ def _gemv_tile(nest: NbitsNest, t: PrimExpr, apad: Buffer, asum: Buffer) -> Stmt
     rv, vv = Var("r", INDEX_DTYPE), Var("v", INDEX_DTYPE)
     col = (t * rows + rv) * nr + vv
     idx = (*lead, col)
-    # the tile's panels before the last, then its columns before N
     here = min_(rows, nest.panels - t * rows)
     store = For(rv, const(0), here, "serial", For(vv, const(0), const(nr), "serial", IfThenElse(
         compare("lt", col, const(nest.n)), Store(nest.out, nest.epilogue(stage[rv, vv], idx),
                                                  idx))))
-    return seq(*lets, Allocate(acc), init, blocks, Allocate(stage), copy, store)
+    return seq(Allocate(stage), copy, store)
 
 
 def gemv_nbits(nest: NbitsNest) -> Stmt:
-    """M = 1: A padded and its block sums taken once, then parallel tiles of panels."""
+    """M = 1: A padded and its block sums taken once, then parallel tiles of panels (at
+    accuracy level 4, B in words: A quantized to int8, kiln.kernels.gemm.nbits_int8)."""
+    if nest.words:
+        return gemv_nbits_int8(nest, lambda t, rows, acc: store_tile(nest, t, rows, acc))
     kpad = nest.blocks * nest.block
     apad = Buffer("a_padded", (kpad,), "float32")
     asum = Buffer("a_block_sums", (nest.blocks,), "float32")
@@ -351,6 +376,14 @@ def _constant(x: g.Expr) -> bool:
     return isinstance(x, g.Constant)
 
 
+def int8_a(attrs: Mapping[str, Any], isa: ISA) -> bool:
+    """Whether a `matmul_nbits` call with `attrs` takes the int8 GEMV on `isa`: 4-bit
+    codes at accuracy level 4 (onnxruntime's CompInt8) where the ISA has an integer dot
+    product (elsewhere the bytes would be multiplied one by one: the float path wins)."""
+    return (int(attrs.get("accuracy_level", 0)) == A_INT8_LEVEL and int(attrs["bits"]) == 4
+            and isa.int8_dot is not None)
+
+
 @dataclass(frozen=True)
 class NbitsGemm(Family):
     """`matmul_nbits(a, b, scales[, zero_points])` with constant weights ->
@@ -365,7 +398,9 @@ class NbitsGemm(Family):
         nr = 2 * tile_lanes(isa)
         consts = [x for x in call.args[1:] if isinstance(x, g.Constant)]
         datas = [np.asarray(c.data) for c in consts]
-        packed = pack_nbits(datas[0], datas[1], datas[2] if len(datas) > 2 else None, nr)
+        words = int8_a(call.attrs, isa)
+        packer = pack_nbits_words if words else pack_nbits
+        packed = packer(datas[0], datas[1], datas[2] if len(datas) > 2 else None, nr)
         args = (call.args[0], *(g.Constant(p, c.name) for p, c in zip(packed, consts)))
         m = 1
         a = call.args[0].type
@@ -373,7 +408,8 @@ class NbitsGemm(Family):
         for d in a.shape[:-1]:
             m *= d if isinstance(d, int) else 64
         mr = choose_tile(m, nr, isa).mr
-        return g.Call(self.op, args, g.freeze_attrs({**call.attrs, TILE: (mr, nr)}),
+        extra = {WORDS: True} if words else {}
+        return g.Call(self.op, args, g.freeze_attrs({**call.attrs, TILE: (mr, nr), **extra}),
                       call.ret_type)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
@@ -387,7 +423,7 @@ class NbitsGemm(Family):
         buf = store.buffers
         nest = NbitsNest(buf[a], buf[args[1]], buf[args[2]],
                          buf[args[3]] if len(args) > 3 else None, store.out, store.epilogue,
-                         rows, k, n, bits, block, isa)
+                         rows, k, n, bits, block, isa, bool(attrs.get(WORDS)))
         m = dim_product(rows)
         tile = recorded_tile(attrs, 2, self.op)
         mr = tile[0] if tile else choose_tile(m, nest.nr, isa).mr

@@ -37,7 +37,7 @@ from kiln.frontend.onnx.converters.registry import GraphContext, need_constant, 
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
-from kiln.ops.quant_nbits import MATMUL_NBITS, NBITS_WIDTHS
+from kiln.ops.quant_nbits import A_INT8_LEVEL, MATMUL_NBITS, NBITS_WIDTHS
 from kiln.ops.reduce import norm_axes
 
 MS = "com.microsoft."
@@ -293,14 +293,26 @@ def _packed_nbits(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     return operands
 
 
+def _int8_a(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+            attrs: dict[str, Any]) -> bool:
+    """Whether onnxruntime quantizes this node's A to int8 (CompInt8): accuracy_level 4,
+    4-bit codes, zero points absent or packed uint8 (float ones keep it in float32)."""
+    zp = inputs[3] if len(inputs) > 3 else None
+    return (int(attrs.get("accuracy_level", 0)) == A_INT8_LEVEL
+            and int(attrs.get("bits", 4)) == 4
+            and (zp is None or ctx.tensor_type(zp).dtype == "uint8"))
+
+
 @onnx_op(MS + "MatMulNBits")
 def _matmul_nbits(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                   attrs: dict[str, Any]) -> list[g.Expr]:
     """`A @ dequantize(B) (+ bias)`: 4- and 8-bit weights in blocks along K become kiln's
     `matmul_nbits`, which keeps them packed (kiln.kernels.gemm.nbits unpacks them in the
     kernel); 2-bit weights and g_idx (act-order) are dequantized at import
-    (`dequantize_nbits`) onto the float GEMM. kiln computes in float32 either way, so
-    `accuracy_level` (how far onnxruntime may quantize A) does not apply."""
+    (`dequantize_nbits`) onto the float GEMM. `accuracy_level` 4 (A may be quantized to
+    int8 per block, onnxruntime's CompInt8) is kept on 4-bit `matmul_nbits`, whose GEMV
+    then takes int8 dot products where the target has them; other levels compute in
+    float32, as onnxruntime's CompFp32."""
     a, at = float32_input(ctx, inputs, "MatMulNBits input A")
     packed = _packed_nbits(ctx, inputs, attrs)  # B checked first, then A against it
     weight = None if packed is not None else dequantize_nbits(ctx, inputs, attrs)
@@ -310,8 +322,10 @@ def _matmul_nbits(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         raise IRError(f"MatMulNBits input A of shape {list(at.shape)}: it must have rank 2 "
                       f"or more and a last dimension K = {k}")
     if packed is not None:
-        y = ctx.call(MATMUL_NBITS, a, *packed, k=k, n=int(attrs["N"]),
-                     bits=int(attrs.get("bits", 4)), block=int(attrs["block_size"]))
+        bits = int(attrs.get("bits", 4))
+        extra = {"accuracy_level": A_INT8_LEVEL} if _int8_a(ctx, inputs, attrs) else {}
+        y = ctx.call(MATMUL_NBITS, a, *packed, k=k, n=int(attrs["N"]), bits=bits,
+                     block=int(attrs["block_size"]), **extra)
     else:
         assert weight is not None
         y = ctx.call("matmul", a, ctx.const(weight))

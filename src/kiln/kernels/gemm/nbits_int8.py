@@ -1,0 +1,218 @@
+"""The GEMV of 4-bit weights with A quantized to int8 per block (MatMulNBits'
+accuracy_level 4, onnxruntime's `CompInt8`): `matmul_nbits_packed` with `words`.
+
+A decode step's GEMV reads every weight byte once; the float path (kiln.kernels.gemm.nbits)
+spends about 14 vector instructions a byte row of codes on unpacking and converting
+them, which keeps one thread below the memory bandwidth. Here the codes stay integers:
+
+- **A, once a call**: each block of A is quantized as onnxruntime's MLAS does
+  (`QuantizeARow_CompInt8`): `scale = max|a| / 127`, `q = round_half_even(a / scale)`
+  (0 where the block is all zero), packed 4 int8 a word, word `g` of a block holding
+  `k = g + i * block / 4` in byte `i`, so the packing reads contiguous vectors of A.
+  Each block's sum of `q` is kept for the zero points.
+- **B**: `pack_nbits_words`' int32 words of 8 codes a column (kiln.ops.quant_nbits); a
+  word's low nibbles (one mask) are the 4 codes that pair with A's word `j`, its high
+  nibbles (a shift and the mask) those of word `j + block / 8`.
+- **The step**: per word and vector of columns, a load, `and`, `shift`, `and` and two
+  `dot4_u8s8` (codes unsigned, A signed: one `vpdpbusd` each with VNNI) into int32 block
+  sums. Without VNNI (AVX2, AVX-512BW) the step is `dot4_u8s8_sat16` (`vpmaddubsw`,
+  `vpmaddwd` by ones, an add): its int16 pair sums cannot saturate here, since
+  `2 * 15 * 127 < 32767`, so both forms give the exact integer sums.
+- **Prefetches**: each step also prefetches its word row `PREFETCH_ROWS` rows (whole
+  blocks) ahead, and each block the scales there: weights read from memory (an LM
+  head) arrive before the sums reach them.
+- **Each block's end**: `acc += scale_b * (scale_a * dot - zero_point * scale_a * sum(q))`
+  in float32, the zero point folded as in the float GEMV.
+
+Rows of A past one (prefill) take the float GEMM on dequantized blocks
+(kiln.kernels.gemm.nbits), which reads the same words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import (
+    DOT4_U8S8,
+    DOT4_U8S8_SAT16,
+    Allocate,
+    Buffer,
+    Cast,
+    Const,
+    Evaluate,
+    For,
+    Intrin,
+    LetStmt,
+    PrimExpr,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    compare,
+    max_,
+    min_,
+    select,
+    seq,
+)
+from kiln.kernels.tiles import const, lanes_loop, madd, parallel_tiles, parallel_when
+from kiln.target.isa import ISA
+
+if TYPE_CHECKING:
+    from kiln.kernels.gemm.nbits import NbitsNest
+
+#: (tile, panels a tile, float accumulators `[panels, nr]`) -> the tile's stores.
+TileStore = Callable[[PrimExpr, int, Buffer], Stmt]
+
+
+
+def tile_panels(isa: ISA) -> int:
+    """Panels of one register tile (2 vectors a panel): 4 with 32 vector registers (8
+    int32 block sums, 8 float accumulators: more independent `vpdpbusd` chains than its
+    latency needs), else 2."""
+    return 4 if isa.vector_registers >= 32 else 2
+
+#: The largest |q| of A's int8 codes (symmetric, as MLAS: -128 is never produced).
+Q_MAX = 127.0
+_LOW_NIBBLES = 0x0F0F0F0F
+#: Word rows (of `nr` columns, 128 bytes on AVX-512) ahead of the sums that each step
+#: prefetches, rounded up to whole blocks, with the scales of that block: a tile reads
+#: its panels as 2 x `tile_panels` streams, which the hardware prefetchers leave behind
+#: once the weights come from memory (an LM head: 10-25% less time with 3 blocks of 32
+#: ahead, none lost on weights in cache; docs/performance.md).
+PREFETCH_ROWS = 12
+_LINE_WORDS = 16  # int32 words of a 64-byte cache line
+#: Families whose `dot4_u8s8` is a widening emulation: `dot4_u8s8_sat16` is cheaper there
+#: and exact for 4-bit codes.
+_PAIR_FAMILIES = ("avx512bw", "avx2")
+
+
+def dot_for(isa: ISA) -> str:
+    """The dot-product intrinsic of the step on `isa`."""
+    return DOT4_U8S8_SAT16 if isa.int8_dot in _PAIR_FAMILIES else DOT4_U8S8
+
+
+def _f32(v: float) -> PrimExpr:
+    return as_expr(v, "float32")
+
+
+def quantize_a(nest: NbitsNest, aw: Buffer, ascale: Buffer, aqsum: Buffer) -> Stmt:
+    """A's row (zero past K) as int8 words `aw[blocks * block / 4]`, each block's scale
+    `ascale[blk]` and its codes' sum times that scale `aqsum[blk]`."""
+    block, quarter = nest.block, nest.block // 4
+    lead = (const(0),) * (nest.a.ndim - 1)
+    blk, i, g = (Var(v, INDEX_DTYPE) for v in ("blk", "i", "g"))
+    amax, scale, inv = (Var(v, "float32") for v in ("amax", "scale", "inv"))
+    peak = Buffer("a_peak", (1,), "float32", "local")
+    qpart = Buffer("a_qpart", (quarter,), "int32", "local")
+    qtot = Buffer("a_qtotal", (1,), "int32", "local")
+
+    def a_at(kk: PrimExpr) -> PrimExpr:
+        if nest.k % block == 0:
+            return nest.a[(*lead, kk)]
+        inside = compare("lt", kk, const(nest.k))
+        clamped = select(inside, kk, const(nest.k - 1))
+        return select(inside, nest.a[(*lead, clamped)], _f32(0.0))
+
+    def q(kk: PrimExpr) -> PrimExpr:
+        return Cast("int32", Intrin("round", (a_at(kk) * inv,)))
+
+    base = blk * block
+    find_peak = seq(Store(peak, _f32(0.0), (const(0),)), For(
+        i, const(0), const(block), "serial",
+        Store(peak, max_(peak[const(0)], Intrin("abs", (a_at(base + i),))), (const(0),))))
+    qs = [Var(f"q{b}", "int32") for b in range(4)]
+    byte = Const(255, "int32")
+    word: PrimExpr = qs[3] << Const(24, "int32")
+    for b in range(3):
+        word = word | ((qs[b] & byte) << Const(8 * b, "int32"))
+    pack = For(g, const(0), const(quarter), "vectorized", seq(
+        *(LetStmt(qs[b], q(base + g + b * quarter)) for b in range(4)),
+        Store(aw, word, (blk * quarter + g,)),
+        Store(qpart, qs[0] + qs[1] + qs[2] + qs[3], (g,))))
+    total = seq(Store(qtot, Const(0, "int32"), (const(0),)), For(
+        g, const(0), const(quarter), "serial",
+        Store(qtot, qtot[const(0)] + qpart[g], (const(0),))))
+    body = seq(
+        find_peak, LetStmt(amax, peak[const(0)]), LetStmt(scale, amax / _f32(Q_MAX)),
+        LetStmt(inv, select(compare("ne", scale, _f32(0.0)), _f32(1.0) / scale, _f32(0.0))),
+        pack, total, Store(ascale, scale, (blk,)),
+        Store(aqsum, Cast("float32", qtot[const(0)]) * scale, (blk,)))
+    return seq(Allocate(peak), Allocate(qpart), Allocate(qtot),
+               For(blk, const(0), const(nest.blocks), "serial", body))
+
+
+def _block(nest: NbitsNest, panels: list[Var], blk: PrimExpr, aw: Buffer,
+           ascale: Buffer, aqsum: Buffer, acc: Buffer) -> Stmt:
+    """One block of K into the float accumulators `acc[r, v]` of `panels`."""
+    nr, rows = nest.nr, len(panels)
+    quarter, eighth = nest.block // 4, nest.block // 8
+    dot = dot_for(nest.isa)
+    part = Buffer("part", (rows, nr), "int32", "local")
+    init = lanes_loop("v", nr, lambda v: seq(*(
+        Store(part, Const(0, "int32"), (const(r), v)) for r in range(rows))))
+    j = Var("j", INDEX_DTYPE)
+    lo, hi = Var("a_lo", "int32"), Var("a_hi", "int32")
+    mask = Const(_LOW_NIBBLES, "int32")
+
+    def lane(v: PrimExpr) -> Stmt:
+        out: list[Stmt] = []
+        for r in range(rows):
+            w = nest.bp[panels[r], blk, j, v]
+            s = Intrin(dot, (part[const(r), v], w & mask, lo))
+            s = Intrin(dot, (s, (w >> Const(4, "int32")) & mask, hi))
+            out.append(Store(part, s, (const(r), v)))
+        return seq(*out)
+
+    ahead = min_(blk + -(-PREFETCH_ROWS // eighth), nest.blocks - 1)
+    fetch = [Evaluate(Intrin("prefetch", (nest.bp[panels[r], ahead, j, const(c)],)))
+             for r in range(rows) for c in range(0, nr, _LINE_WORDS)]
+    step = seq(LetStmt(lo, aw[blk * quarter + j]), LetStmt(hi, aw[blk * quarter + j + eighth]),
+               *fetch, lanes_loop("v", nr, lane))
+    sa, sq = Var("a_scale", "float32"), Var("a_qsum", "float32")
+
+    def scale(v: PrimExpr) -> Stmt:
+        out: list[Stmt] = []
+        for r in range(rows):
+            t = Cast("float32", part[const(r), v]) * sa - nest.zero_point(panels[r], blk, v) * sq
+            out.append(Store(acc, madd(acc[const(r), v], nest.scales[panels[r], blk, v], t,
+                                       nest.isa.fma), (const(r), v)))
+        return seq(*out)
+
+    scales_ahead = [Evaluate(Intrin("prefetch", (nest.scales[panels[r], ahead, const(c)],)))
+                    for r in range(rows) for c in range(0, nr, _LINE_WORDS)]
+    return seq(Allocate(part), init, *scales_ahead,
+               For(j, const(0), const(eighth), "serial", step),
+               LetStmt(sa, ascale[blk]), LetStmt(sq, aqsum[blk]), lanes_loop("v", nr, scale))
+
+
+def gemv_nbits_int8(nest: NbitsNest, tile_store: TileStore) -> Stmt:
+    """M = 1 at accuracy level 4: A quantized once, then parallel tiles of
+    `tile_panels` panels, stored through `tile_store` (the float GEMV's)."""
+    quarter = nest.block // 4
+    aw = Buffer("a_words", (nest.blocks * quarter,), "int32")
+    ascale = Buffer("a_scales", (nest.blocks,), "float32")
+    aqsum = Buffer("a_qsums", (nest.blocks,), "float32")
+    rows = min(tile_panels(nest.isa), nest.panels)
+    tiles = -(-nest.panels // rows)
+
+    def tile(t: PrimExpr) -> Stmt:
+        lets: list[Stmt] = []
+        panels = []
+        for r in range(rows):
+            pv = Var(f"p{r}", INDEX_DTYPE)
+            lets.append(LetStmt(pv, min_(t * rows + r, nest.panels - 1)))
+            panels.append(pv)
+        acc = Buffer("acc", (rows, nest.nr), "float32", "local")
+        init = lanes_loop("v", nest.nr, lambda v: seq(*(
+            Store(acc, _f32(0.0), (const(r), v)) for r in range(rows))))
+        blk = Var("blk", INDEX_DTYPE)
+        blocks = For(blk, const(0), const(nest.blocks), "serial",
+                     _block(nest, panels, blk, aw, ascale, aqsum, acc))
+        return seq(*lets, Allocate(acc), init, blocks, tile_store(t, rows, acc))
+
+    loop = parallel_when(lambda: parallel_tiles((tiles,), tile),
+                         nest.k * nest.panels * nest.nr // 4, isa=nest.isa)
+    return seq(Allocate(aw), Allocate(ascale), Allocate(aqsum),
+               quantize_a(nest, aw, ascale, aqsum), loop)
