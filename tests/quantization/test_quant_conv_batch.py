@@ -1,10 +1,11 @@
 """The dot-form convolution over a pinned batch and its positions tile's width
 (kiln/kernels/int8/conv_dot.py, kiln/kernels/int8/dot.py): a batch whose input, im2col
 words and output outgrow the L2 runs the kernel of a chunk of samples (the largest
-divisor of the batch that fits) on each chunk's slice; on VNNI a positions tile holds at
-least the profile's `int8_min_accumulators` (28 x 28 and 14 x 14 outputs take two
-vectors, not one). Outputs equal onnxruntime's on the host's VNNI, on AVX-512BW without
-VNNI (`vpmaddwd` pairs), on AVX2 and on the c backend."""
+divisor of the batch that fits) on each chunk's slice, the chunks in parallel from
+`MIN_PARALLEL_CHUNKS` of them (each thread whole chunks, serial tiles); on VNNI a
+positions tile holds at least the profile's `int8_min_accumulators` (28 x 28 and 14 x 14
+outputs take two vectors, not one). Outputs equal onnxruntime's on the host's VNNI, on
+AVX-512BW without VNNI (`vpmaddwd` pairs), on AVX2 and on the c backend."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from kiln.frontend import from_onnx
 from kiln.ir.tensor import For, PrimFunc
 from kiln.ir.visitor import iter_stmts
 from kiln.kernels.int8 import dot
+from kiln.kernels.int8.conv_dot import MIN_PARALLEL_CHUNKS
 from kiln.ops.quant_conv_words import CONV_DOT
 from kiln.target import Target
 from kiln.target.isa import isa_for
@@ -26,23 +28,30 @@ from support.reference import ort_session
 
 TARGETS = ["llvm -mcpu=znver4", "llvm -mcpu=skylake-avx512",
            "llvm -mcpu=znver4 -mattr=-avx512f", "c -mcpu=znver4"]
-# 4 x 16 x 80 x 80, 3x3/2 to 32 channels: about 380 KB a sample (input, 36 groups of
+# 8 x 16 x 80 x 80, 3x3/2 to 32 channels: about 380 KB a sample (input, 36 groups of
 # im2col words over 40 x 40 positions, output), so 2 samples at a time in a 1 MB L2
-# (AVX-512), 1 in 512 KB (AVX2); 1x1 to 8 channels at 14 x 14 (one sample): a positions
-# tile, the last of its column tiles partial (196 = 6 x 32 + 4)
-BATCHED = ((4, 16, 80, 80), 32, 3, 2, 1)
+# (AVX-512, and znver4 without it), 1 in 512 KB (haswell): 4 or 8 chunks, run in
+# parallel; 1x1 to 8 channels at 14 x 14 (one sample): a positions tile, the last of its
+# column tiles partial (196 = 6 x 32 + 4)
+BATCHED = ((8, 16, 80, 80), 32, 3, 2, 1)
 NARROW = ((1, 64, 14, 14), 8, 1, 1, 0)
 
 
-def _chunks(model: onnx.ModelProto, target: str) -> list[int]:
-    """The extents of the kernel's loops over chunks of samples (`n`, serial, around the
-    tiles; none where the kernel takes the batch whole)."""
+def _chunks(model: onnx.ModelProto, target: str) -> list[tuple[int, str]]:
+    """The kernel's loop over chunks of samples (the outermost `n` around the tiles; none
+    where the kernel takes the batch whole) as [(extent, kind)]: serial around parallel
+    tiles, or parallel around tiles whose loops are all serial."""
     ex = kiln.compile(from_onnx(model), target)
     (fn,) = [f for name, f in ex.ir.functions.items()
              if isinstance(f, PrimFunc) and name.startswith(CONV_DOT)]
-    return [s.extent.value for s in iter_stmts(fn.body)  # type: ignore[attr-defined]
-            if isinstance(s, For) and s.kind == "serial" and s.var.name == "n"
-            and any(isinstance(t, For) and t.kind == "parallel" for t in iter_stmts(s.body))]
+    out = []
+    for s in iter_stmts(fn.body):
+        if not (isinstance(s, For) and s.var.name == "n"):
+            continue
+        inner = any(isinstance(t, For) and t.kind == "parallel" for t in iter_stmts(s.body))
+        if (s.kind, inner) in (("serial", True), ("parallel", False)):
+            out.append((s.extent.value, s.kind))  # type: ignore[attr-defined]
+    return out[:1]
 
 
 @pytest.fixture(scope="module")
@@ -70,15 +79,20 @@ def test_batched_and_narrow_convolutions_equal_onnxruntime(
 def test_a_batch_beyond_the_l2_runs_in_chunks_that_fit(
         models: list[tuple[onnx.ModelProto, np.ndarray, np.ndarray]]) -> None:
     model = models[0][0]
-    # 1 MB of L2: 2 chunks of 2 samples; 512 KB: 4 of 1 (the loop's extent: chunks)
+    # 1 MB of L2: 4 chunks of 2 samples; 512 KB: 8 of 1 (the loop's extent: chunks),
+    # each in parallel (MIN_PARALLEL_CHUNKS)
+    assert MIN_PARALLEL_CHUNKS == 4
     assert isa_for(Target("llvm -mcpu=znver4")).l2_bytes == 1024 * 1024
-    assert 2 in _chunks(model, "llvm -mcpu=znver4")
+    assert _chunks(model, "llvm -mcpu=znver4") == [(4, "parallel")]
     assert isa_for(Target("llvm -mcpu=haswell")).l2_bytes == 512 * 1024
-    assert 4 in _chunks(model, "llvm -mcpu=haswell")
+    assert _chunks(model, "llvm -mcpu=haswell") == [(8, "parallel")]
+    rng = np.random.default_rng(0)
+    # fewer chunks: one after the other, each one's tiles split over the threads
+    four = qlinear_conv_model((4, *BATCHED[0][1:]), *BATCHED[1:], False, rng)
+    assert _chunks(four, "llvm -mcpu=znver4") == [(2, "serial")]
     # one sample fits: the kernel takes it whole (pinned batch-1 kernels unchanged)
-    single = qlinear_conv_model((1, *BATCHED[0][1:]), *BATCHED[1:], False,
-                                np.random.default_rng(0))
-    assert 1 not in _chunks(single, "llvm -mcpu=znver4")
+    single = qlinear_conv_model((1, *BATCHED[0][1:]), *BATCHED[1:], False, rng)
+    assert _chunks(single, "llvm -mcpu=znver4") == []
 
 
 def test_vnni_positions_tiles_hold_enough_accumulators() -> None:

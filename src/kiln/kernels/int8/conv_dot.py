@@ -45,7 +45,7 @@ input words read in place (`channels_in_place`), or either tile on an im2col of 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -88,7 +88,7 @@ from kiln.kernels.int8.conv_tiles import (
 from kiln.kernels.int8.per_sample import PerSample, chunk_loop
 from kiln.kernels.parallel_work import worth_parallel
 from kiln.kernels.tiles import loop as tile_loop
-from kiln.kernels.tiles import nest
+from kiln.kernels.tiles import nest, tuned_split
 from kiln.ops import quant_words as qw
 from kiln.ops import te
 from kiln.ops.nn import conv_geometry
@@ -133,10 +133,11 @@ class TiledConv:
         else:  # the kernel of `chunk` samples, run on each chunk's slice
             x_c, out_c = (Buffer(f"{b.name}_chunk", (chunk, *b.shape[1:]), b.dtype)
                           for b in (x, out))
+            kind = chunks_kind(batch // chunk)
             body, _ = chunk_loop(batch, as_expr(0, INDEX_DTYPE), chunk,
                                  [(x, x_c, True), (out, out_c, True)],
                                  tiles(x_c, ww, bias, x_zp, multiplier, y_zp, out_c, attrs,
-                                       dot_isa))
+                                       dot_isa, serial=kind == "parallel"), kind)
         return PrimFunc((x, ww, bias, x_zp, multiplier, y_zp, out), body,
                         {ATTR_GEMM_KERNEL: CONV_DOT})
 
@@ -156,6 +157,22 @@ def batch_chunk(s: ConvSchedule, isa: ISA) -> int:
     fits = [c for c in range(1, s.batch + 1)
             if s.batch % c == 0 and c * per_sample <= isa.l2_bytes]
     return max(fits, default=1)
+
+
+#: The fewest chunks from which they run in parallel, each thread whole chunks on
+#: workspaces of its own with serial tiles, rather than one chunk after the other with
+#: each chunk's packing and tiles split over the threads: a thread then keeps its chunk's
+#: input, im2col words and output in its own L2 (the reason for the chunks), and a layer
+#: makes one hand-off to the pool instead of two per chunk (docs/performance.md,
+#: "int8 ResNet-50 (QOperator) at batch 8"). From 4 chunks two threads are balanced.
+MIN_PARALLEL_CHUNKS = 4
+
+
+def chunks_kind(count: int) -> str:
+    """How `count` chunks of a batch run: "parallel" from MIN_PARALLEL_CHUNKS (unless a
+    tuned split chose the kernel's parallel loops), else "serial"."""
+    return "parallel" if count >= MIN_PARALLEL_CHUNKS and tuned_split() is None \
+        else "serial"
 
 
 #: The lowering of `qlinear_conv_dot` (kiln.kernels.lowering); over a symbolic batch,
@@ -252,9 +269,12 @@ def conv_schedule(x: Buffer, ww: Buffer, bias: Buffer, multiplier: Buffer, y_zp:
 
 
 def tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer,
-          y_zp: Buffer, out: Buffer, attrs: Attrs, isa: ISA) -> Stmt:
-    """The kernel's body: the variant its schedule takes (the module docstring)."""
+          y_zp: Buffer, out: Buffer, attrs: Attrs, isa: ISA, *, serial: bool = False) -> Stmt:
+    """The kernel's body: the variant its schedule takes (the module docstring); with
+    `serial`, every loop on one thread (a chunk of a batch whose chunks run in parallel)."""
     s = conv_schedule(x, ww, bias, multiplier, y_zp, out, attrs, isa)
+    if serial:
+        s = replace(s, big=False)
     if s.in_place:
         return seq(*s.decls, in_place(s.source, ww, x_zp, out, s.out_words, s.row_epilogue,
                                       s.ws, s.begins, s.ends, s.dilations, s.big, isa,

@@ -55,17 +55,20 @@ def batch_of(params: Sequence[te.Tensor]) -> Any | None:
 
 
 def chunk_loop(batch: Any, first: PrimExpr, chunk: int,
-               views: Sequence[tuple[Buffer, Buffer, bool]], body: Stmt
-               ) -> tuple[Stmt, PrimExpr]:
+               views: Sequence[tuple[Buffer, Buffer, bool]], body: Stmt,
+               kind: str = "serial") -> tuple[Stmt, PrimExpr]:
     """The loop running `body` (a kernel for `chunk` samples) on the whole chunks of the
     samples from `first` on (every remaining sample when `chunk` is 1), and the first
     sample it leaves. Each (outer, inner, sliced) of `views` declares `inner` as the
     view of `outer`: at the chunk where `sliced` (its first axis the batch), else whole.
-    The body's own allocations (its workspaces: static sizes) are made once, before the
-    loop, not once per chunk (a large one is a fresh mapping, page faults and all)."""
+    A "serial" loop makes the body's own allocations (its workspaces: static sizes)
+    once, before the loop, not once per chunk (a large one is a fresh mapping, page
+    faults and all); a "parallel" one (a `body` whose loops are serial) makes them in
+    each chunk, so that every thread works on its own."""
     stmts = body.body if isinstance(body, SeqStmt) else (body,)
-    hoisted = tuple(s for s in stmts if isinstance(s, Allocate))
-    rest = tuple(s for s in stmts if not isinstance(s, Allocate))
+    hoist = kind == "serial"
+    hoisted = tuple(s for s in stmts if hoist and isinstance(s, Allocate))
+    rest = tuple(s for s in stmts if not (hoist and isinstance(s, Allocate)))
     left = as_expr(batch, INDEX_DTYPE) - first
     count = left if chunk == 1 else left // chunk
 
@@ -77,7 +80,7 @@ def chunk_loop(batch: Any, first: PrimExpr, chunk: int,
             decls.append(DeclBuffer(inner, outer, at))
         return seq(*decls, *rest)
 
-    return seq(*hoisted, tile_loop("n", count, per_chunk)), first + count * chunk
+    return seq(*hoisted, tile_loop("n", count, per_chunk, kind)), first + count * chunk
 
 
 #: The batch sizes of the kernels a symbolic batch runs, largest first: whole chunks of
