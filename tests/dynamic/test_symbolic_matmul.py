@@ -11,6 +11,10 @@ import pytest
 
 import kiln
 from kiln.frontend.onnx import from_onnx
+from kiln.ir.tensor import Allocate
+from kiln.ir.visitor import iter_stmts
+from kiln.target import Target
+from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
 from support.numerics import rel_l2
 from support.reference import ort_session
@@ -80,3 +84,44 @@ def test_packed_products_with_a_symbolic_row_count(target: str) -> None:
         want = session.run(None, feed)[0]
         assert got.shape == want.shape
         assert rel_l2(got, want) < 1e-5, (batch, seq)
+
+
+#: AVX-512 (16 float lanes) and AVX2 (8): the narrow tile's bound differs.
+NARROW_TARGETS = ("llvm -mcpu=znver4", "llvm -mcpu=znver4 -mattr=-avx512f", "c")
+
+
+@pytest.mark.parametrize("target", NARROW_TARGETS)
+def test_scores_over_a_short_symbolic_seq_take_the_narrow_tile(target: str) -> None:
+    """`Q @ K^T` over a symbolic seq: a run-time choice between a one-vector-wide tile
+    (seq at most a vector's lanes) and the wide one (kiln.kernels.gemm.families
+    .narrow_columns_tile), checked on both sides of the bound, at an empty sequence and
+    an empty batch."""
+    if not isa_for(Target(target)).features <= isa_for(Target.from_host()).features:
+        pytest.skip(f"this host does not run {target}")
+    b = GraphBuilder()
+    b.node("MatMul", ["q", "kt"], ["scores"])
+    b.node("Div", ["scores", "scale"], ["y"])
+    b.input("q", ["b", 2, "s", HEAD])
+    b.input("kt", ["b", 2, HEAD, "s"])
+    b.output("y", ["b", 2, "s", "s"])
+    b.const(np.array(4.0, np.float32), name="scale")
+    model = b.model(name="scores", ir_version=None)
+    exe = kiln.compile(from_onnx(model), target)
+    tiled = [f for f in exe.ir.prim_funcs().values()
+             if f.attrs.get("kiln.gemm_kernel") == "matmul_tiled"]
+    assert tiled
+    if target.startswith("llvm"):  # B packed at run time at two widths, chosen at run time
+        for f in tiled:
+            widths = {int(s.buffer.shape[-1]) for s in iter_stmts(f.body)
+                      if isinstance(s, Allocate) and s.buffer.name == "b_packed"}
+            assert len(widths) == 2, widths
+    session = ort_session(model)
+    rng = np.random.default_rng(3)
+    for batch, s in ((1, 1), (2, 7), (1, 8), (1, 9), (3, 16), (1, 17), (1, 0), (0, 5)):
+        feed = {"q": rng.standard_normal((batch, 2, s, HEAD)).astype(np.float32),
+                "kt": rng.standard_normal((batch, 2, HEAD, s)).astype(np.float32)}
+        got = exe["main"](*feed.values())
+        want = session.run(None, feed)[0]
+        assert got.shape == want.shape, (batch, s)
+        if want.size:
+            assert rel_l2(got, want) < 1e-5, (batch, s)

@@ -12,6 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+import kiln
 from kiln import evaluate
 from kiln.errors import FrontendError
 from kiln.frontend.onnx import from_onnx
@@ -311,6 +312,25 @@ def test_fills_and_expands_to_symbolic_shapes_read_the_sizes_at_run_time() -> No
                 "m": rng.standard_normal((b, s)).astype(np.float32)}
         np.testing.assert_array_equal(np.asarray(evaluate(mod, "main", *feed.values())),
                                       session.run(None, feed)[0])
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_a_fill_of_symbolic_sizes_reads_one_element_per_line(target: str) -> None:
+    """ConstantOfShape(Shape(x)): each symbolic size is read from x's axis as a line of
+    x's first elements along its other axes (a slice, summed), not x summed whole; an
+    empty axis leaves the other lines their length (batch 0, seq 0 as onnxruntime)."""
+    fill = onnx.helper.make_tensor("v", TensorProto.FLOAT, [1], [2.5])
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("ConstantOfShape", ["sh"], ["y"], value=fill)]
+    model = _model(nodes, [("x", F, ["b", "s", 3])], [("y", F, ["b", "s", 3])])
+    mod = from_onnx(model)
+    text = print_module(mod)
+    assert text.count("strided_slice") >= text.count("reduce_sum") > 0, text
+    ex = kiln.compile(mod, target)
+    session = ort_session(model)
+    for b, s in ((2, 5), (1, 1), (0, 4), (3, 0)):
+        x = np.random.default_rng(b).standard_normal((b, s, 3)).astype(np.float32)
+        np.testing.assert_array_equal(np.asarray(ex["main"](x)), session.run(None, {"x": x})[0])
 
 
 @pytest.mark.parametrize("style", ["range", "slice"])

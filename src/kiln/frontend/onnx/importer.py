@@ -644,9 +644,9 @@ class GraphImporter:
 
     def _true_line(self, d: Dim, shape: Sequence[Dim]) -> g.Expr:
         """An all-true 1-D bool tensor of the symbolic size `d`: an axis of a model input
-        that has the size (the input summed over its other axes: any values do), or for a
-        sum of such sizes and constants (`past_seq + seq`, a key/value cache followed by
-        new tokens) the lines of its terms concatenated."""
+        that has the size (the input's first element along each other axis, summed over
+        them: any values do), or for a sum of such sizes and constants (`past_seq + seq`,
+        a key/value cache followed by new tokens) the lines of its terms concatenated."""
         yes = derived(g.Constant(np.array(True)), wo.LITERAL)
         found = self._input_axis(d)
         if found is not None:
@@ -655,6 +655,12 @@ class GraphImporter:
                 self.call("cast", param, dtype="uint8")
             others = tuple(j for j in range(self.tensor_type(param).ndim) if j != axis)
             if others:
+                # one element along the other axes (none where one is empty: the sum is
+                # then 0, the line still `d` long): the whole input summed read all of it
+                # (an LSTM's `[seq, batch, 128]` x for a line of `batch`, 1% of its call)
+                n = len(others)
+                line = self.call("strided_slice", line, starts=(0,) * n, ends=(1,) * n,
+                                 axes=others, steps=(1,) * n)
                 line = self.call("reduce_sum", line, axes=others, keepdims=False)
             return self.call("where", self.call("cast", line, dtype="bool"), yes, yes)
         terms = dim_terms(d)

@@ -17,8 +17,8 @@ from typing import Any, cast
 from kiln.ir import graph as g
 from kiln.ir import weight_origin as wo
 from kiln.ir.attrs import ATTR_GEMM_KERNEL
-from kiln.ir.dtype import itemsize
-from kiln.ir.tensor import PrimFunc
+from kiln.ir.dtype import INDEX_DTYPE, itemsize
+from kiln.ir.tensor import IfThenElse, PrimFunc, Stmt, as_expr, compare
 from kiln.ir.types import TensorType
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.gemm.knobs import GemmTiling
@@ -180,18 +180,39 @@ def _gemm(op: str, params: Sequence[Any], args: Sequence[Any], anchor: Any, resu
         return None
     a, b = args[0], args[1]
     ab, bb = store.buffers[a], store.buffers[b]
-    prologue: list[Any] = []
-    b_at: BReader
-    if run_time_b is None:
-        b_at = lambda bidx, p, kk, v: bb[p, kk, v]  # noqa: E731  (packed at compile time)
-    else:
-        prologue, b_at = pack_b_at_run_time(bb, tuple(run_time_b[:-2]), shape.k, shape.n,
-                                            tiling.nr, transpose_b, isa=isa)
-    by_rows = rows_first(shape, tiling, isa.l2_bytes, itemsize(a.dtype))
-    schedule = GemmSchedule(tiling, isa.fma, by_rows=by_rows)
-    body = gemm_body(shape, schedule, ab, b_at, store.out, store.epilogue, prologue, isa=isa)
+
+    def nest(tile: GemmTiling) -> Stmt:
+        prologue: list[Any] = []
+        b_at: BReader
+        if run_time_b is None:
+            b_at = lambda bidx, p, kk, v: bb[p, kk, v]  # noqa: E731  (packed at compile time)
+        else:
+            prologue, b_at = pack_b_at_run_time(bb, tuple(run_time_b[:-2]), shape.k, shape.n,
+                                                tile.nr, transpose_b, isa=isa)
+        by_rows = rows_first(shape, tile, isa.l2_bytes, itemsize(a.dtype))
+        schedule = GemmSchedule(tile, isa.fma, by_rows=by_rows)
+        return gemm_body(shape, schedule, ab, b_at, store.out, store.epilogue, prologue,
+                         isa=isa)
+
+    body = nest(tiling)
+    narrow = narrow_columns_tile(shape, tiling, isa) if run_time_b is not None else None
+    if narrow is not None:
+        body = IfThenElse(compare("le", as_expr(shape.n, INDEX_DTYPE), narrow.nr),
+                          nest(narrow), body)
     return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                     {ATTR_GEMM_KERNEL: op})
+
+
+def narrow_columns_tile(shape: GemmShape, tiling: GemmTiling, isa: ISA) -> GemmTiling | None:
+    """The tile a symbolic column count of at most one vector runs on, chosen at run time,
+    when `tiling` (chosen for `TYPICAL_ROWS` columns) is wider: attention's `Q @ K^T`
+    over a short symbolic sequence, whose columns a wide tile would compute past N for
+    nothing (a pinned build of 16 columns takes the one-vector tile); None when N is
+    static or the tile is no wider."""
+    if isinstance(shape.n, int):
+        return None
+    narrow = choose_tile(shape.m, tile_lanes(isa), isa)
+    return narrow if narrow.nr < tiling.nr else None
 
 
 GEMM = PackedGemm("gemm", "matmul_packed", ("matmul",), 1)

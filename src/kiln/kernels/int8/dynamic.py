@@ -199,17 +199,18 @@ class _Product:
 
 def _one_row_or_any(a: Buffer, out: Buffer, product: _Product) -> Stmt:
     """The product over A's symbolic rows, chosen at run time: one row (a recurrent step
-    at batch 1, a decoder's token) runs the kernel a pinned build of one row has, on
-    views of A and the output as `[1, K]` and `[1, N]` (a one-row register tile, the
-    quantizing loops without a row loop); any other count the tiles over a run-time row
-    count, whose full-height tile would compute its surplus rows for nothing."""
+    at batch 1, a decoder's token) runs the kernel a pinned build of one row has, on a
+    view of A as `[1, ..., 1, K]` (a one-row register tile, the quantizing loops without
+    a row loop); any other count the tiles over a run-time row count, whose full-height
+    tile would compute its surplus rows for nothing. The one-row kernel stores into
+    `out` itself at `(0, ..., 0, j)`: a view of the output would make it reachable
+    through two buffers, and its stores would then not run as kiln's vector code
+    (kiln.ir.analysis.vector_loops: only a buffer nothing else reaches is written so)."""
     lead = len(a.shape) - 1
     k = int(a.shape[-1])
-    a_one = Buffer("a_one", (1, k), a.dtype)
-    out_one = Buffer("out_one", (1, product.n), out.dtype)
-    # every leading dim is 1 when their product is: the fused tail's index is (0, ..., j)
-    one_row = seq(DeclBuffer(a_one, a, 0), DeclBuffer(out_one, out, 0), product.body(
-        a_one, out_one, lambda at: (*(const(0),) * lead, at[-1])))
+    a_one = Buffer("a_one", (*(1,) * lead, k), a.dtype)
+    # every leading dim is 1 when their product is: the output index is (0, ..., j)
+    one_row = seq(DeclBuffer(a_one, a, 0), product.body(a_one, out, lambda at: at))
     rows = as_expr(dim_product(a.shape[:-1]), INDEX_DTYPE)
     return IfThenElse(compare("eq", rows, const(1)), one_row,
                       product.body(a, out, lambda at: at))
