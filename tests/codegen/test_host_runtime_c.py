@@ -35,10 +35,16 @@ CONFIGS = {
     "profiling without threads": ["-DKILN_HOST_PROFILE=3", "-DKILN_NO_THREADS"],
     "workspace cache": ["-DKILN_WORKSPACE_ALLOC=kiln_workspace_alloc",
                         "-DKILN_WORKSPACE_FREE=kiln_workspace_free"],
+    "swapping weights": ["-DKILN_HOST_SWAP", "-DKILN_SWAP_WEIGHTS=kiln_swap_weights",
+                         "-DKILN_SWAP_WEIGHT=kiln_swap_weight",
+                         "-DKILN_SWAP_PROGRAM=kiln_swap_program",
+                         "-DKILN_SWAP_NAMES=kiln_swap_names", "-DKILN_SWAP_CONSTS=kiln_consts"],
     "workspace from a firmware allocator": [
         "-DKILN_WORKSPACE_ALLOC=kiln_workspace_alloc", "-DKILN_WORKSPACE_FREE=kiln_workspace_free",
         "-DKILN_MALLOC=fw_malloc", "-DKILN_FREE=fw_free", "-DKILN_NO_THREADS"],
 }
+# kiln_swap.c's entries, and the weak stand-ins of a library without a swap program.
+SWAP_SYMBOLS = ["kiln_swap_names", "kiln_swap_program", "kiln_swap_weight", "kiln_swap_weights"]
 PROFILE_SYMBOLS = ["kiln_profile_read", "kiln_profile_reset", "kiln_profile_start",
                    "kiln_profile_stop"]
 
@@ -74,7 +80,8 @@ def test_compiles_standalone_with_werror(config: str, std: str, tmp_path: Path) 
         workspace if "-DKILN_WORKSPACE_ALLOC=kiln_workspace_alloc" in CONFIGS[config] else [])
     assert sorted(s for s in symbols if s.startswith("kiln_") and s != "kiln_parallel_for"
                   and not s.startswith("kiln_profile") and s not in workspace) == sorted(
-        ["kiln_cpu_missing", *(f"kiln_{name}" for name in POOL_EXPORTS)])
+        ["kiln_cpu_missing", *(f"kiln_{name}" for name in POOL_EXPORTS),
+         *(SWAP_SYMBOLS if "-DKILN_HOST_SWAP" in CONFIGS[config] else [])])
 
 
 @pytest.mark.parametrize("std", ["-std=c11", "-std=c99"])

@@ -84,7 +84,7 @@ static void kiln_swap_pause_point(void) {
 }
 
 /* Around each kernel call of an entry (KILN_HOST_CALL_ENTER / _LEAVE). */
-static void kiln_host_call_enter(void) {
+static KILN_UNUSED void kiln_host_call_enter(void) {
   for (;;) {
     __atomic_add_fetch(&kiln_swap_calls, 1, __ATOMIC_SEQ_CST);
     if (!__atomic_load_n(&kiln_swap_paused, __ATOMIC_SEQ_CST)) return;
@@ -93,7 +93,7 @@ static void kiln_host_call_enter(void) {
   }
 }
 
-static void kiln_host_call_leave(void) {
+static KILN_UNUSED void kiln_host_call_leave(void) {
   __atomic_sub_fetch(&kiln_swap_calls, 1, __ATOMIC_SEQ_CST);
 }
 #define KILN_HOST_CALL_ENTER() kiln_host_call_enter()
