@@ -318,7 +318,7 @@ def native_swap(lib: Any, entry: tuple[Any, list[str]], named: Mapping[str, np.n
                 ) -> None:
     """Run the library's `{prefix}_swap_weights` on `named` (checked against the record)."""
     fn, names = entry
-    arrays = [np.ascontiguousarray(named[n]) for n in names]
+    arrays = [np.asarray(named[n], order="C") for n in names]  # (0-d stays 0-d)
     args = [ctypes_abi.TensorArg(a, ctypes_abi.Where("swap_weights", i, n))
             for i, (a, n) in enumerate(zip(arrays, names))]
     raw = (ctypes_abi.DLTensor * max(len(args), 1))(*(a.tensor for a in args))

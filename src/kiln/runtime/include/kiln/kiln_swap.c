@@ -75,7 +75,25 @@ extern KILN_HIDDEN __attribute__((weak)) const uint8_t KILN_SWAP_CONSTS[];
 /* The call guard: `kiln_swap_calls` kernels running, `kiln_swap_paused` a swap installing. */
 static int kiln_swap_calls;
 static int kiln_swap_paused;
-static char kiln_swap_lock; /* one swap at a time */
+static KILN_UNUSED char kiln_swap_lock; /* one swap at a time */
+
+/* The program and names through a pointer the compiler cannot see the bounds of: the
+   weak stand-ins above are one element long, swap_program.c's are the real ones. */
+static const int64_t* kiln_swap_words(void) {
+  const int64_t* p = KILN_SWAP_PROGRAM;
+#if defined(__GNUC__) || defined(__clang__)
+  __asm__("" : "+r"(p));
+#endif
+  return p;
+}
+
+static const char* kiln_swap_name_list(void) {
+  const char* p = KILN_SWAP_NAMES;
+#if defined(__GNUC__) || defined(__clang__)
+  __asm__("" : "+r"(p));
+#endif
+  return p;
+}
 
 static void kiln_swap_pause_point(void) {
 #if defined(KILN_SWAP_SUPPORTED)
@@ -99,6 +117,74 @@ static KILN_UNUSED void kiln_host_call_leave(void) {
 #define KILN_HOST_CALL_ENTER() kiln_host_call_enter()
 #define KILN_HOST_CALL_LEAVE() kiln_host_call_leave()
 
+/* The raw weight `i` of the program: its name, dtype, rank and shape (words). */
+static const int64_t* kiln_swap_describe(int32_t i, const char** name) {
+  const int64_t* pc = kiln_swap_words() + 6;
+  const char* s = kiln_swap_name_list();
+  int32_t k;
+  for (k = 0; k < i; ++k) {
+    pc += 2 + pc[1];
+    s += strlen(s) + 1;
+  }
+  if (name) *name = s;
+  return pc;
+}
+
+static int32_t kiln_swap_count(void) {
+  const int64_t* words = kiln_swap_words();
+  if (words[0] != KILN_SWAP_MAGIC || words[1] != KILN_SWAP_VERSION) return -1;
+  return (int32_t)words[2];
+}
+
+/* The number of raw weights {prefix}_swap_weights takes (-1: the library has no swap
+   program); with 0 <= i < that number, the i-th one's name, dtype, rank and shape. */
+KILN_EXPORT int32_t KILN_SWAP_WEIGHT(int32_t i, const char** name, DLDataType* dtype,
+                                     int32_t* ndim, const int64_t** shape) {
+  int32_t n = kiln_swap_count();
+  if (i >= 0 && i < n) {
+    const int64_t* w = kiln_swap_describe(i, name);
+    if (dtype) {
+      dtype->code = kiln_swap_dl[w[0]][0];
+      dtype->bits = kiln_swap_dl[w[0]][1];
+      dtype->lanes = 1;
+    }
+    if (ndim) *ndim = (int32_t)w[1];
+    if (shape) *shape = w + 2;
+  }
+  return n;
+}
+
+/* Whether raw weight `i` is a compact CPU tensor of the program's dtype and shape. */
+static int32_t kiln_swap_check(const DLTensor* t, int32_t i) {
+  const char* name;
+  const int64_t* w = kiln_swap_describe(i, &name);
+  int64_t expected = 1, k;
+  if (t->data == NULL && w[1] >= 0) {
+    for (k = 0; k < w[1]; ++k) expected *= w[2 + k];
+    if (expected) return kiln_host_fail("swap_weights: weight %d '%s': data is NULL", (int)i, name);
+  }
+  if (t->device.device_type != KILN_DEVICE_CPU)
+    return kiln_host_fail("swap_weights: weight %d '%s': not a CPU tensor", (int)i, name);
+  if (t->dtype.code != kiln_swap_dl[w[0]][0] || t->dtype.bits != kiln_swap_dl[w[0]][1] ||
+      t->dtype.lanes != 1)
+    return kiln_host_fail("swap_weights: weight %d '%s': expected dtype %s", (int)i, name,
+                          kiln_swap_dtype_names[w[0]]);
+  if (t->ndim != w[1] || (t->ndim && t->shape == NULL))
+    return kiln_host_fail("swap_weights: weight %d '%s': expected %d dimensions, got %d", (int)i,
+                          name, (int)w[1], (int)t->ndim);
+  expected = 1;
+  for (k = t->ndim - 1; k >= 0; --k) {
+    if (t->shape[k] != w[2 + k])
+      return kiln_host_fail("swap_weights: weight %d '%s': dimension %d is %lld, expected %lld",
+                            (int)i, name, (int)k, (long long)t->shape[k], (long long)w[2 + k]);
+    if (t->strides && t->shape[k] != 1 && t->strides[k] != expected)
+      return kiln_host_fail("swap_weights: weight %d '%s': not compact (strides)", (int)i, name);
+    expected *= w[2 + k];
+  }
+  return 0;
+}
+
+#if defined(KILN_SWAP_SUPPORTED) /* the interpreter and the install: Linux */
 /* An array while the program runs: compact, C order; `own`: `data` is malloc'd here. */
 typedef struct {
   int32_t dtype, ndim, own;
@@ -152,16 +238,43 @@ static int32_t kiln_swap_alloc(kiln_swap_run* run, kiln_swap_array* a, int zero)
   return a->data ? 0 : kiln_swap_fail(run, KILN_SWAP_ENOMEM, "out of memory");
 }
 
+/* One row of `n` elements of `size` bytes, at element strides `dstep` and `sstep`. */
+#define KILN_SWAP_ROW(T)                                                     \
+  for (j = 0; j < n; ++j) ((T*)dst)[j * dstep] = ((const T*)src)[j * sstep]; \
+  break;
+static void kiln_swap_row(char* dst, const char* src, size_t size, int64_t n, int64_t dstep,
+                          int64_t sstep) {
+  int64_t j;
+  if (dstep == 1 && sstep == 1) {
+    memcpy(dst, src, (size_t)n * size);
+    return;
+  }
+  switch (size) {
+    case 1: KILN_SWAP_ROW(uint8_t)
+    case 2: KILN_SWAP_ROW(uint16_t)
+    case 4: KILN_SWAP_ROW(uint32_t)
+    default: KILN_SWAP_ROW(uint64_t)
+  }
+}
+
 /* Copy `counts` elements (C order over `ndim` axes) from `src` at element strides
-   `ss` to `dst` at element strides `ds`: transposes, slices, pads and broadcasts. */
+   `ss` to `dst` at element strides `ds`: transposes, slices, pads and broadcasts, a
+   row (the last axis) at a time. */
 static void kiln_swap_copy(char* dst, const char* src, size_t size, int32_t ndim,
                            const int64_t* counts, const int64_t* ds, const int64_t* ss) {
-  int64_t idx[KILN_SWAP_RANK] = {0}, n = 1, k, d = 0, s = 0;
+  int64_t idx[KILN_SWAP_RANK] = {0}, rows = 1, k, d = 0, s = 0, last;
   int32_t i;
-  for (i = 0; i < ndim; ++i) n *= counts[i];
-  for (k = 0; k < n; ++k) {
-    memcpy(dst + d * (int64_t)size, src + s * (int64_t)size, size);
-    for (i = ndim - 1; i >= 0; --i) {
+  if (ndim == 0) {
+    memcpy(dst, src, size);
+    return;
+  }
+  last = counts[ndim - 1];
+  for (i = 0; i < ndim - 1; ++i) rows *= counts[i];
+  if (last == 0) return;
+  for (k = 0; k < rows; ++k) {
+    kiln_swap_row(dst + d * (int64_t)size, src + s * (int64_t)size, size, last, ds[ndim - 1],
+                  ss[ndim - 1]);
+    for (i = ndim - 2; i >= 0; --i) {
       d += ds[i];
       s += ss[i];
       if (++idx[i] < counts[i]) break;
@@ -443,74 +556,6 @@ static int32_t kiln_swap_eval(kiln_swap_run* run, kiln_swap_array* out) {
   return 0;
 }
 
-/* The raw weight `i` of the program: its name, dtype, rank and shape (words). */
-static const int64_t* kiln_swap_describe(int32_t i, const char** name) {
-  const int64_t* pc = KILN_SWAP_PROGRAM + 6;
-  const char* s = KILN_SWAP_NAMES;
-  int32_t k;
-  for (k = 0; k < i; ++k) {
-    pc += 2 + pc[1];
-    s += strlen(s) + 1;
-  }
-  if (name) *name = s;
-  return pc;
-}
-
-static int32_t kiln_swap_count(void) {
-  if (KILN_SWAP_PROGRAM[0] != KILN_SWAP_MAGIC || KILN_SWAP_PROGRAM[1] != KILN_SWAP_VERSION)
-    return -1;
-  return (int32_t)KILN_SWAP_PROGRAM[2];
-}
-
-/* The number of raw weights {prefix}_swap_weights takes (-1: the library has no swap
-   program); with 0 <= i < that number, the i-th one's name, dtype, rank and shape. */
-KILN_EXPORT int32_t KILN_SWAP_WEIGHT(int32_t i, const char** name, DLDataType* dtype,
-                                     int32_t* ndim, const int64_t** shape) {
-  int32_t n = kiln_swap_count();
-  if (i >= 0 && i < n) {
-    const int64_t* w = kiln_swap_describe(i, name);
-    if (dtype) {
-      dtype->code = kiln_swap_dl[w[0]][0];
-      dtype->bits = kiln_swap_dl[w[0]][1];
-      dtype->lanes = 1;
-    }
-    if (ndim) *ndim = (int32_t)w[1];
-    if (shape) *shape = w + 2;
-  }
-  return n;
-}
-
-/* Whether raw weight `i` is a compact CPU tensor of the program's dtype and shape. */
-static int32_t kiln_swap_check(const DLTensor* t, int32_t i) {
-  const char* name;
-  const int64_t* w = kiln_swap_describe(i, &name);
-  int64_t expected = 1, k;
-  if (t->data == NULL && w[1] >= 0) {
-    for (k = 0; k < w[1]; ++k) expected *= w[2 + k];
-    if (expected) return kiln_host_fail("swap_weights: weight %d '%s': data is NULL", i, name);
-  }
-  if (t->device.device_type != KILN_DEVICE_CPU)
-    return kiln_host_fail("swap_weights: weight %d '%s': not a CPU tensor", i, name);
-  if (t->dtype.code != kiln_swap_dl[w[0]][0] || t->dtype.bits != kiln_swap_dl[w[0]][1] ||
-      t->dtype.lanes != 1)
-    return kiln_host_fail("swap_weights: weight %d '%s': expected dtype %s", i, name,
-                          kiln_swap_dtype_names[w[0]]);
-  if (t->ndim != w[1] || (t->ndim && t->shape == NULL))
-    return kiln_host_fail("swap_weights: weight %d '%s': expected %d dimensions, got %d", i,
-                          name, (int)w[1], (int)t->ndim);
-  expected = 1;
-  for (k = t->ndim - 1; k >= 0; --k) {
-    if (t->shape[k] != w[2 + k])
-      return kiln_host_fail("swap_weights: weight %d '%s': dimension %d is %lld, expected %lld",
-                            i, name, (int)k, (long long)t->shape[k], (long long)w[2 + k]);
-    if (t->strides && t->shape[k] != 1 && t->strides[k] != expected)
-      return kiln_host_fail("swap_weights: weight %d '%s': not compact (strides)", i, name);
-    expected *= w[2 + k];
-  }
-  return 0;
-}
-
-#if defined(KILN_SWAP_SUPPORTED)
 #define KILN_SWAP_SPANS 64
 typedef struct {
   uintptr_t lo, hi;
@@ -594,7 +639,6 @@ static int32_t kiln_swap_install(kiln_swap_array* built, const int64_t* offsets,
   }
   return 0;
 }
-#endif
 
 /* Build every constant the program rebuilds, then install them (kiln.h). */
 static int32_t kiln_swap_build(const DLTensor* raw, kiln_swap_array* built, int64_t* offsets,
@@ -603,16 +647,12 @@ static int32_t kiln_swap_build(const DLTensor* raw, kiln_swap_array* built, int6
   int64_t k;
   run.raw = raw;
   run.status = 0;
-  run.pc = kiln_swap_describe((int32_t)KILN_SWAP_PROGRAM[2], NULL);
+  run.pc = kiln_swap_describe((int32_t)kiln_swap_words()[2], NULL);
   for (k = 0; k < n && run.status == 0; ++k) {
     int64_t bytes;
     offsets[k] = *run.pc++;
     bytes = *run.pc++;
-    if (kiln_swap_eval(&run, &built[k]) == 0 && !built[k].own) {
-      kiln_swap_array copy = built[k]; /* a weight or value as it stands */
-      if (kiln_swap_alloc(&run, &built[k], 0) == 0)
-        memcpy(built[k].data, copy.data, (size_t)copy.n * kiln_swap_itemsize(copy.dtype));
-    }
+    kiln_swap_eval(&run, &built[k]); /* a weight as it stands stays the caller's memory */
     if (run.status == 0 &&
         (int64_t)kiln_swap_itemsize(built[k].dtype) * built[k].n != bytes)
       kiln_swap_fail(&run, KILN_SWAP_EUNSUPPORTED, "damaged swap program (a constant's size)");
@@ -620,11 +660,10 @@ static int32_t kiln_swap_build(const DLTensor* raw, kiln_swap_array* built, int6
   return run.status;
 }
 
+#endif
+
 KILN_EXPORT int32_t KILN_SWAP_WEIGHTS(const DLTensor* raw, int32_t n_raw) {
-  int32_t n = kiln_swap_count(), i, status = 0;
-  int64_t n_const, k;
-  kiln_swap_array* built;
-  int64_t* offsets;
+  int32_t n = kiln_swap_count(), i;
   kiln_host_error[0] = '\0';
   if (n < 0 || KILN_SWAP_CONSTS == NULL) {
     kiln_host_fail("swap_weights: the library has no swap program (built before it, or "
@@ -632,31 +671,34 @@ KILN_EXPORT int32_t KILN_SWAP_WEIGHTS(const DLTensor* raw, int32_t n_raw) {
     return KILN_SWAP_EUNSUPPORTED;
   }
   if (n_raw != n)
-    return kiln_host_fail("swap_weights: expected %d raw weights, got %d", n, (int)n_raw);
+    return kiln_host_fail("swap_weights: expected %d raw weights, got %d", (int)n,
+                          (int)n_raw);
   if (n && raw == NULL) return kiln_host_fail("swap_weights: raw is NULL");
   for (i = 0; i < n; ++i)
     if (kiln_swap_check(&raw[i], i) != 0) return KILN_SWAP_EARGUMENT;
-  n_const = KILN_SWAP_PROGRAM[3];
-  built = (kiln_swap_array*)calloc((size_t)n_const + 1, sizeof *built);
-  offsets = (int64_t*)calloc((size_t)n_const + 1, sizeof *offsets);
-  if (built == NULL || offsets == NULL) {
-    status = KILN_SWAP_ENOMEM;
-    kiln_host_fail("swap_weights: out of memory");
-  } else {
-    status = kiln_swap_build(raw, built, offsets, n_const);
-  }
 #if defined(KILN_SWAP_SUPPORTED)
-  if (status == 0) status = kiln_swap_install(built, offsets, n_const, KILN_SWAP_PROGRAM[4]);
-#else
-  if (status == 0) {
-    kiln_host_fail("swap_weights: this host has no mprotect; nothing was changed");
-    status = KILN_SWAP_EUNSUPPORTED;
+  {
+    int64_t n_const = kiln_swap_words()[3], k;
+    int32_t status;
+    kiln_swap_array* built = (kiln_swap_array*)calloc((size_t)n_const + 1, sizeof *built);
+    int64_t* offsets = (int64_t*)calloc((size_t)n_const + 1, sizeof *offsets);
+    if (built == NULL || offsets == NULL) {
+      status = KILN_SWAP_ENOMEM;
+      kiln_host_fail("swap_weights: out of memory");
+    } else {
+      status = kiln_swap_build(raw, built, offsets, n_const);
+    }
+    if (status == 0) status = kiln_swap_install(built, offsets, n_const, kiln_swap_words()[4]);
+    for (k = 0; built && k < n_const; ++k) kiln_swap_free(&built[k]);
+    free(built);
+    free(offsets);
+    return status;
   }
+#else
+  kiln_host_fail("swap_weights: needs Linux (mprotect, /proc/self/maps) and threads; "
+                 "nothing was changed");
+  return KILN_SWAP_EUNSUPPORTED;
 #endif
-  for (k = 0; built && k < n_const; ++k) kiln_swap_free(&built[k]);
-  free(built);
-  free(offsets);
-  return status;
 }
 
 #else
