@@ -99,8 +99,10 @@ def test_the_new_weights_compute_what_a_fresh_compile_does(built):
 
 def test_inspect_lists_the_transforms_the_library_replays(built):
     for mode in ("embedded", "external"):
+        report = cmd_inspect(str(built[mode]), None, None)
         assert ("transforms replayable: pad, reshape, transpose (Module.swap_weights "
-                "rebuilds every constant)") in cmd_inspect(str(built[mode]), None, None)
+                "rebuilds every constant)") in report
+        assert "swap from C: kiln__swap_weights (the library runs its swap program)" in report
 
 
 def test_weights_from_onnx_and_npz_files(built, tmp_path):
@@ -369,3 +371,40 @@ def test_bad_raw_weights_get_the_codes_and_leave_the_old_weights(built):
         raw, _keep = _tensors(good)
         assert fn(raw, len(good)) == 0
         assert lib["main"](X).tobytes() != before.tobytes()
+
+
+def test_gathered_sliced_and_scalar_weights_swap_in_c(tmp_path, monkeypatch):
+    """The program's take (a folded Gather, its indices a weight too), slice and a 0-d
+    weight, against numpy's replay (a fresh compile's bits, above); an index out of range
+    is KILN_SWAP_EVALUE and leaves the old weights."""
+    b = GraphBuilder(seed=7)
+    rows = b.op("Gather", b.weight(10, 16, hint="table"),
+                b.const(np.array([3, 1, 4, 1], np.int64), "idx"), axis=0)
+    ends = [b.const(np.array(v, np.int64), n) for n, v in
+            (("st", [0, 2]), ("en", [16, 24]), ("ax", [0, 1]), ("sp", [1, 2]))]
+    part = b.op("Slice", b.weight(16, 24, hint="w"), *ends)
+    h = b.op("Mul", b.op("Add", b.input("x", [4, 16]), rows),
+             b.const(np.array(0.5, np.float32), "scale"))
+    b.output(b.op("MatMul", h, part), [4, 11])
+    m = b.model()
+    rng = np.random.default_rng(3)
+    new = {k: v + rng.standard_normal(v.shape).astype(v.dtype) if v.dtype == np.float32
+           else v for k, v in weights(m).items()}
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    with load_module(kiln.compile(m, "llvm").export_library(tmp_path / "old.so")) as lib:
+        assert swap.native_entry(lib) is not None
+        before = lib["main"](x)
+        idx = next(k for k in new if k.startswith("idx"))
+        with pytest.raises(UsageError, match=r"out of range \(status 4\)"):
+            lib.swap_weights({**new, idx: np.array([3, 1, 40, 1], np.int64)})
+        assert lib["main"](x).tobytes() == before.tobytes()
+        lib.swap_weights(new)
+        got = lib["main"](x)
+        table, w, scale = (new[next(k for k in new if k.startswith(p))]
+                           for p in ("table", "w_", "scale"))
+        np.testing.assert_allclose(got, (x + table[[3, 1, 4, 1]]) * scale @ w[:, 2::2],
+                                   rtol=1e-5, atol=1e-5)
+        lib.swap_weights(weights(m))
+        monkeypatch.setattr(swap, "native_entry", lambda _lib: None)
+        lib.swap_weights(new)
+        assert lib["main"](x).tobytes() == got.tobytes()

@@ -25,7 +25,7 @@ from kiln.artifact.integrity import CHUNK_SIZE, chunk_digests, tree_digest
 from kiln.artifact.segments import Segments
 from kiln.codegen.host import HOST_FILE
 from kiln.codegen.naming import consts_symbol
-from kiln.codegen.swap_program import program_artifact
+from kiln.codegen.swap_program import program_artifacts
 from kiln.ir import weight_origin as wo
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import AllocConst
@@ -236,14 +236,13 @@ class ConstantPool:
 
 
 def _swap_program(artifacts: list[Any], record: dict[str, Any], prefix: str) -> list[Any]:
-    """The swap program's artifact (kiln.codegen.swap_program) beside a native host.c
-    that runs it (none when the record has no program, or no host.c is native)."""
+    """The swap program's artifacts (kiln.codegen.swap_program) beside a native host.c
+    whose entry runs them (none when the record has no program, or no host.c is native)."""
     host = next((a for a in artifacts if isinstance(a, Artifact) and a.file_name == HOST_FILE
                  and a.loader == "native"), None)
     if host is None or b"#define KILN_HOST_SWAP 1" not in bytes(host.content):
         return []
-    made = program_artifact(record, prefix, host.codegen_id, host.metadata.get("cflags", ()))
-    return [] if made is None else [made]
+    return program_artifacts(record, prefix, host.codegen_id, host.metadata.get("cflags", ()))
 
 
 REPLAY_VERSION = 1

@@ -50,7 +50,6 @@ from kiln.codegen.host_generate import generate_entry
 from kiln.codegen.naming import (
     C_TYPE_NAMES,
     check_prefix,
-    consts_symbol,
     cpu_missing_symbol,
     entry_symbol,
     kernel_symbol,
@@ -302,11 +301,12 @@ class HostPrinter:
         library with constants."""
         if not self.metadata.get("swap"):
             return []
-        symbols = {**swap_symbols(self.prefix), "consts": consts_symbol(self.prefix)}
+        symbols = swap_symbols(self.prefix)
         return ["#define KILN_HOST_SWAP 1",
                 *(f"#define KILN_SWAP_{k.upper()} {symbols[v]}" for k, v in (
-                    ("weights", "symbol"), ("weight", "weight_symbol"),
-                    ("program", "program"), ("names", "names"), ("consts", "consts")))]
+                    ("weights", "symbol"), ("weight", "weight_symbol"), ("program", "program"),
+                    ("names", "names"), ("run", "run"), ("pause", "pause"),
+                    ("resume", "resume")))]
 
     def profile_config(self) -> list[str]:
         """The #defines of kiln_host.c's profiling counters (none without profile sites)."""

@@ -154,9 +154,12 @@ def consts_symbol(prefix: str) -> str:
 def swap_symbols(prefix: str) -> dict[str, str]:
     """The entries of kiln_swap.c a library with constants exports (docs/abi.md, "Swapping
     weights"): `symbol` `{prefix}_swap_weights(raw, n_raw)`, `weight_symbol`
-    `{prefix}_swap_weight(i, ...)`; and the hidden `program`, `names` (swap_program.c)."""
+    `{prefix}_swap_weight(i, ...)`; and the hidden `program`, `names` (swap_program.c),
+    `run` (the interpreter, swap_runtime.c), `pause` and `resume` (host.c's call guard)."""
     return {"symbol": f"{prefix}_swap_weights", "weight_symbol": f"{prefix}_swap_weight",
-            "program": f"{prefix}_swap_program", "names": f"{prefix}_swap_names"}
+            "program": f"{prefix}_swap_program", "names": f"{prefix}_swap_names",
+            "run": f"{prefix}_swap_run", "pause": f"{prefix}_swap_pause",
+            "resume": f"{prefix}_swap_resume"}
 
 
 def has_constants(mod: IRModule) -> bool:
