@@ -11,11 +11,13 @@
  * Its own object (`swap_runtime.c`, written beside `swap_program.c` when the library has
  * a program): the same text for every model of a prefix, so a build compiles it once
  * (kiln.runtime.object_cache) and host.c stays quick to compile. Linux only (mprotect,
- * /proc/self/maps). kiln.codegen.swap_program writes a few #defines, then this file:
+ * /proc/self/maps), with threads, as host.c's entry: elsewhere (firmware, an MLF
+ * archive's sources, wasm) it is empty. kiln.codegen.swap_program writes a few #defines, then this file:
  *   KILN_SWAP_RUN     `{prefix}_swap_run` (hidden; host.c holds a weak stand-in)
  *   KILN_SWAP_PAUSE   `{prefix}_swap_pause`, KILN_SWAP_RESUME `{prefix}_swap_resume`
  *   KILN_SWAP_CONSTS  `{prefix}_consts`
  */
+#if defined(__linux__) && !defined(KILN_NO_THREADS) /* else host.c's stand-in answers */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* mprotect, madvise, sysconf (not in ISO C) */
 #endif
@@ -558,3 +560,6 @@ KILN_SWAP_VISIBLE int32_t KILN_SWAP_RUN(const void* raw, const int64_t* program,
   free(offsets);
   return run.status;
 }
+#else
+typedef int kiln_swap_unsupported; /* (ISO C: a translation unit declares something) */
+#endif
