@@ -359,7 +359,8 @@ def swap_weights(module: Module, source: Any) -> None:
     entry = native_entry(lib)
     if entry is not None:
         lib.run_weight_checks()  # a pending lazy check must see the weights it was made for
-        native_swap(lib, entry, named)
+        with lib.kept_open():  # the C holds the calls; close() must wait for it
+            native_swap(lib, entry, named)
         return
     pieces = rebuild(record, named)
     lib.run_weight_checks()  # a pending lazy check must see the weights it was made for
