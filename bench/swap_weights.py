@@ -14,7 +14,11 @@ variances kept positive), in a fresh, empty `KILN_CACHE_DIR`:
   deploy host: numpy only), `load_module` of the original model's library, then
   `module.swap_weights(path)` of the fine-tuned `.onnx` file (`onnx` s: read with
   kiln's own protobuf reader) and of an `.npz` of its weights (`npz` s), each timed
-  alone; `ratio` is the ONNX swap over the compile;
+  alone (both through the library's C entry); `ratio` is the ONNX swap over the
+  compile; then, the weights already in memory (a dict), `numpy s` the numpy replay
+  (as a library without its swap program swaps), `dict s` Module.swap_weights with
+  the library's C, and `C s` the C entry `{prefix}_swap_weights` alone (what a C host
+  pays: rebuild and install);
 - `cpu`: the same in CPU seconds (the compiling process and its children; the
   swapping process), which a loaded machine perturbs less than wall time;
 - `equal`: the swapped library's output against the fresh compile's, bit for bit, else
@@ -68,6 +72,24 @@ for key, source in (("onnx", onnx_path), ("npz", npz_path)):
     lib.swap_weights(source)
     times[key] = time.perf_counter() - t
     times[key + "_cpu"] = time.process_time() - cpu
+from kiln.runtime import swap
+with np.load(npz_path) as f:
+    named = {k: f[k] for k in f.files}
+native = swap.native_entry
+entry = native(lib)
+swap.native_entry = lambda _lib: None  # the numpy replay, as an older library swaps
+t = time.perf_counter()
+lib.swap_weights(named)
+times["numpy"] = time.perf_counter() - t
+swap.native_entry = native
+t = time.perf_counter()
+lib.swap_weights(named)
+times["dict"] = time.perf_counter() - t
+times["c"] = None
+if entry is not None:  # the library's {prefix}_swap_weights alone, the weights in memory
+    t = time.perf_counter()
+    swap.native_swap(lib, entry, named)
+    times["c"] = time.perf_counter() - t
 out = lib["main"](*feeds)
 np.save(out_path, out[0] if isinstance(out, tuple) else out)
 print(json.dumps(times))
@@ -147,6 +169,7 @@ def measure(name: str, target: str, work: Path, size: str) -> dict[str, object]:
     return {"model": name, "MB": sum(w.nbytes for w in weights.values()) / 1e6,
             "compile": compile_s, "onnx": times["onnx"], "npz": times["npz"],
             "compile_cpu": compile_cpu, "onnx_cpu": times["onnx_cpu"],
+            "numpy": times["numpy"], "dict": times["dict"], "c": times["c"],
             "equal": "bit for bit" if np.array_equal(got, want) else f"rel L2 {err:.1e}"}
 
 
@@ -163,11 +186,14 @@ def main() -> None:
             os.environ["KILN_CACHE_DIR"] = str(Path(tmp) / "cache")
             rows.append(measure(name, args.target, Path(tmp), args.size))
     print(f"{'model':10} {'weights MB':>10} {'compile s':>10} {'onnx s':>8} {'npz s':>8} "
-          f"{'ratio':>7} {'compile cpu':>11} {'onnx cpu':>9} {'cpu ratio':>9}  equal")
+          f"{'ratio':>7} {'compile cpu':>11} {'onnx cpu':>9} {'cpu ratio':>9} "
+          f"{'numpy s':>8} {'dict s':>8} {'C s':>8}  equal")
     for r in rows:
+        c = "-" if r["c"] is None else f"{r['c']:.3f}"
         print(f"{r['model']:10} {r['MB']:10.1f} {r['compile']:10.2f} {r['onnx']:8.3f} "
               f"{r['npz']:8.3f} {r['onnx'] / r['compile']:7.3f} {r['compile_cpu']:11.2f} "
-              f"{r['onnx_cpu']:9.3f} {r['onnx_cpu'] / r['compile_cpu']:9.3f}  {r['equal']}")
+              f"{r['onnx_cpu']:9.3f} {r['onnx_cpu'] / r['compile_cpu']:9.3f} "
+              f"{r['numpy']:8.3f} {r['dict']:8.3f} {c:>8}  {r['equal']}")
 
 
 if __name__ == "__main__":

@@ -35,10 +35,20 @@ CONFIGS = {
     "profiling without threads": ["-DKILN_HOST_PROFILE=3", "-DKILN_NO_THREADS"],
     "workspace cache": ["-DKILN_WORKSPACE_ALLOC=kiln_workspace_alloc",
                         "-DKILN_WORKSPACE_FREE=kiln_workspace_free"],
+    "swapping weights": ["-DKILN_HOST_SWAP", "-DKILN_SWAP_WEIGHTS=kiln_swap_weights",
+                         "-DKILN_SWAP_WEIGHT=kiln_swap_weight",
+                         "-DKILN_SWAP_PROGRAM=kiln_swap_program",
+                         "-DKILN_SWAP_NAMES=kiln_swap_names", "-DKILN_SWAP_RUN=kiln_swap_run",
+                         "-DKILN_SWAP_PAUSE=kiln_swap_pause",
+                         "-DKILN_SWAP_RESUME=kiln_swap_resume"],
     "workspace from a firmware allocator": [
         "-DKILN_WORKSPACE_ALLOC=kiln_workspace_alloc", "-DKILN_WORKSPACE_FREE=kiln_workspace_free",
         "-DKILN_MALLOC=fw_malloc", "-DKILN_FREE=fw_free", "-DKILN_NO_THREADS"],
 }
+# kiln_swap.c's entries, the guard the interpreter calls (hidden), and the weak stand-ins
+# of a library without a swap program.
+SWAP_SYMBOLS = ["kiln_swap_names", "kiln_swap_pause", "kiln_swap_program", "kiln_swap_resume",
+                "kiln_swap_run", "kiln_swap_weight", "kiln_swap_weights"]
 PROFILE_SYMBOLS = ["kiln_profile_read", "kiln_profile_reset", "kiln_profile_start",
                    "kiln_profile_stop"]
 
@@ -74,7 +84,8 @@ def test_compiles_standalone_with_werror(config: str, std: str, tmp_path: Path) 
         workspace if "-DKILN_WORKSPACE_ALLOC=kiln_workspace_alloc" in CONFIGS[config] else [])
     assert sorted(s for s in symbols if s.startswith("kiln_") and s != "kiln_parallel_for"
                   and not s.startswith("kiln_profile") and s not in workspace) == sorted(
-        ["kiln_cpu_missing", *(f"kiln_{name}" for name in POOL_EXPORTS)])
+        ["kiln_cpu_missing", *(f"kiln_{name}" for name in POOL_EXPORTS),
+         *(SWAP_SYMBOLS if "-DKILN_HOST_SWAP" in CONFIGS[config] else [])])
 
 
 @pytest.mark.parametrize("std", ["-std=c11", "-std=c99"])
@@ -89,3 +100,20 @@ def test_kiln_dim_c_compiles_standalone_and_host_c_holds_its_text(std: str,
     text = host_runtime_source()
     assert f'#include "{DIM_RUNTIME_FILE}"' not in text
     assert dim_runtime_source() in text and "kiln_dim_mul" in host_runtime_names()
+
+
+@pytest.mark.parametrize("std", ["-std=c11", "-std=c99"])
+def test_the_swap_interpreter_compiles_standalone_with_werror(std: str, tmp_path: Path) -> None:
+    """kiln_swap_run.c (`swap_runtime.c`, the swap program's interpreter) is a C file of
+    its own: it defines only the hidden KILN_SWAP_RUN."""
+    obj = tmp_path / "swap_runtime.o"
+    path = host_runtime_path().parent / "kiln_swap_run.c"
+    proc = subprocess.run(
+        [CC, std, "-Wall", "-Wextra", "-Werror", "-pedantic", "-O2", "-fPIC",
+         "-DKILN_SWAP_RUN=kiln_swap_run", "-DKILN_SWAP_PAUSE=kiln_swap_pause",
+         "-DKILN_SWAP_RESUME=kiln_swap_resume", "-DKILN_SWAP_CONSTS=kiln_consts", "-c",
+         str(path), "-o", str(obj)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    symbols = subprocess.run(["nm", "-g", "--defined-only", str(obj)], capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert [s for s in symbols if s.startswith("kiln_")] == ["kiln_swap_run"]

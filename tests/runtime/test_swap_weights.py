@@ -6,11 +6,15 @@ bakes in) is compiled once per codegen with its weights and once with new ones; 
 library of the first, given the new weights, must answer bit for bit what the second
 does (its transforms are exact: transposes, panel packing), embedded and external. A
 small CNN covers folded batch norms and packed convolution filters; the call guard's
-pause is checked on its own.
+pause is checked on its own. The library's own C entry (`{prefix}_swap_weights`,
+kiln_swap.c), which Module.swap_weights calls, is also run from a plain C program
+(examples/c_deploy/swap_weights.c, built with `cc -Werror`) and given bad raw weights.
 """
 
 from __future__ import annotations
 
+import ctypes
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,12 +27,14 @@ from onnx import numpy_helper
 import kiln
 from kiln.cli.inspect import cmd_inspect
 from kiln.errors import ArgumentTypeError, CallError, FormatError, UsageError
-from kiln.runtime import load_module
+from kiln.runtime import ctypes_abi, load_module, swap
 from kiln.runtime.lifetime import CallGuard
 from kiln.runtime.onnx_weights import read_onnx_weights
 from kiln.runtime.swap import check_source
+from support.c_programs import EXAMPLES, build_c_program
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
+from support.toolchains import c_compiler
 
 X = np.random.default_rng(60).standard_normal((4, 32)).astype(np.float32)
 
@@ -93,8 +99,10 @@ def test_the_new_weights_compute_what_a_fresh_compile_does(built):
 
 def test_inspect_lists_the_transforms_the_library_replays(built):
     for mode in ("embedded", "external"):
+        report = cmd_inspect(str(built[mode]), None, None)
         assert ("transforms replayable: pad, reshape, transpose (Module.swap_weights "
-                "rebuilds every constant)") in cmd_inspect(str(built[mode]), None, None)
+                "rebuilds every constant)") in report
+        assert "swap from C: kiln__swap_weights (the library runs its swap program)" in report
 
 
 def test_weights_from_onnx_and_npz_files(built, tmp_path):
@@ -169,6 +177,11 @@ def test_a_constant_without_a_replay_is_named_and_refused(tmp_path):
     path = kiln.compile(m, "llvm").export_library(tmp_path / "mul.so")
     with load_module(path) as lib, pytest.raises(UsageError, match=r"folded exp"):
         lib.swap_weights(weights(m))
+    with load_module(path) as lib:  # and the C entry says it cannot (kiln.h)
+        assert swap.native_entry(lib) is None
+        entry = lib.cdll["kiln__swap_weights"]
+        entry.restype = ctypes.c_int32
+        assert entry(None, 0) == 2 and "no swap program" in lib.last_error()
     assert "transforms replayable: none (1 constant(s) made by transforms without a replay" \
         in cmd_inspect(str(path), None, None)
 
@@ -219,18 +232,37 @@ def cnn() -> onnx.ModelProto:
     return b.model()
 
 
-def test_folded_batch_norms_and_packed_filters_replay(tmp_path):
+@pytest.fixture(scope="module")
+def conv_net(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The conv net's library of its old weights, new weights, an input and what a fresh
+    compile of the new weights answers."""
+    tmp = tmp_path_factory.mktemp("swap_cnn")
     old = cnn()
     rng = np.random.default_rng(2)
     new = {k: np.abs(v * (1 + 0.2 * rng.standard_normal(v.shape))).astype(v.dtype)
            if v.dtype == np.float32 else v for k, v in weights(old).items()}
     img = rng.standard_normal((1, 8, 16, 16)).astype(np.float32)
     with load_module(kiln.compile(with_weights(old, new), "llvm").export_library(
-            tmp_path / "new.so")) as fresh:
+            tmp / "new.so")) as fresh:
         want = fresh["main"](img)
-    with load_module(kiln.compile(old, "llvm").export_library(tmp_path / "old.so")) as lib:
+    return {"lib": kiln.compile(old, "llvm").export_library(tmp / "old.so"), "old": old,
+            "new": new, "img": img, "want": want}
+
+
+def test_folded_batch_norms_and_packed_filters_replay(conv_net, c_program, monkeypatch,
+                                                      tmp_path):
+    want, img, new = conv_net["want"], conv_net["img"], conv_net["new"]
+    with load_module(conv_net["lib"]) as lib:
         record = lib.artifacts[[a.file_name for a in lib.artifacts].index("constants.bin")]
         assert "apply" in str(record.metadata["replay"])  # the folded batch norms
+        lib.swap_weights(new)  # the library's C: its Winograd `dot` sums in its own order
+        got = lib["main"](img)
+        assert np.linalg.norm(got - want) <= 1e-6 * np.linalg.norm(want)
+        # and from plain C (here: the conv net compiles once per xdist worker)
+        in_c = _run(c_program, conv_net["lib"], new, img, want.shape, tmp_path)
+        assert in_c.tobytes() == got.tobytes()
+        lib.swap_weights(weights(conv_net["old"]))
+        monkeypatch.setattr(swap, "native_entry", lambda _lib: None)  # numpy's replay
         lib.swap_weights(new)
         assert lib["main"](img).tobytes() == want.tobytes()
 
@@ -272,3 +304,107 @@ def test_a_large_unused_weight_cannot_be_checked_so_it_must_be_left_out():
     assert check_source(record, {"w": w}) == []
     (problem,) = check_source(record, {"w": w, "big": np.zeros(3, np.float32)})
     assert "'big' is not rebuilt by the library" in problem and "leave it out" in problem
+
+
+# ------------------------------------------- the library's C entry (kiln_swap.c)
+EARGUMENT = -1  # kiln.h's KILN_SWAP_EARGUMENT
+
+
+@pytest.fixture(scope="module")
+def c_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/c_deploy/swap_weights.c, built with `cc -Werror` (skips without a cc)."""
+    c_compiler()
+    return build_c_program(EXAMPLES / "swap_weights.c",
+                           tmp_path_factory.mktemp("swap_c") / "swap_weights")
+
+
+def _run(program: Path, lib: Path, named: dict[str, np.ndarray], x: np.ndarray,
+         out_shape: tuple[int, ...], tmp: Path) -> np.ndarray:
+    with load_module(lib) as module:
+        entry = swap.native_entry(module)
+        assert entry is not None  # the library carries its swap program
+        order = entry[1]
+    with open(tmp / "w.bin", "wb") as f:
+        for name in order:
+            f.write(np.ascontiguousarray(named[name]).tobytes())
+    x.tofile(tmp / "x.bin")
+    shape = ",".join(map(str, x.shape))
+    subprocess.run([str(program), str(lib), "kiln_", str(tmp / "w.bin"), str(tmp / "x.bin"),
+                    shape, str(tmp / "y.bin"), ",".join(map(str, out_shape))],
+                   check=True, timeout=60)
+    return np.fromfile(tmp / "y.bin", np.float32).reshape(out_shape)
+
+
+def test_a_c_program_swaps_the_weights_bit_for_bit(c_program, built, tmp_path):
+    """examples/c_deploy/swap_weights.c: dlopen, `{prefix}_swap_weights`, `main`."""
+    got = _run(c_program, built["embedded"], NEW, X, (2, 32), tmp_path)
+    assert got.tobytes() == built["new"].tobytes()
+
+
+def _tensors(arrays: list[np.ndarray]) -> tuple[Any, list[Any]]:
+    args = [ctypes_abi.TensorArg(a, ctypes_abi.Where("test", i, "w"))
+            for i, a in enumerate(arrays)]
+    return (ctypes_abi.DLTensor * max(len(args), 1))(*(a.tensor for a in args)), args
+
+
+def test_bad_raw_weights_get_the_codes_and_leave_the_old_weights(built):
+    with load_module(built["embedded"]) as lib:
+        before = lib["main"](X)
+        entry = swap.native_entry(lib)
+        assert entry is not None
+        fn, names = entry
+        good = [np.ascontiguousarray(NEW[n]) for n in names]
+        cases = {
+            f"expected {len(good)} raw weights, got {len(good) - 1}": good[:-1],
+            "expected dtype float32": [good[0].astype(np.float64), *good[1:]],
+            "dimension 0 is": [good[0][:-1], *good[1:]],
+            "expected 2 dimensions": [good[0].reshape(-1), *good[1:]],
+        }
+        for message, arrays in cases.items():
+            raw, _keep = _tensors(arrays)
+            assert fn(raw, len(arrays)) == EARGUMENT, message
+            assert message in lib.last_error()
+        raw, _keep = _tensors(good)
+        raw[1].data = None
+        assert fn(raw, len(good)) == EARGUMENT and "data is NULL" in lib.last_error()
+        assert lib["main"](X).tobytes() == before.tobytes()  # nothing installed
+        raw, _keep = _tensors(good)
+        assert fn(raw, len(good)) == 0
+        assert lib["main"](X).tobytes() != before.tobytes()
+
+
+def test_gathered_sliced_and_scalar_weights_swap_in_c(tmp_path, monkeypatch):
+    """The program's take (a folded Gather, its indices a weight too), slice and a 0-d
+    weight, against numpy's replay (a fresh compile's bits, above); an index out of range
+    is KILN_SWAP_EVALUE and leaves the old weights."""
+    b = GraphBuilder(seed=7)
+    rows = b.op("Gather", b.weight(10, 16, hint="table"),
+                b.const(np.array([3, 1, 4, 1], np.int64), "idx"), axis=0)
+    ends = [b.const(np.array(v, np.int64), n) for n, v in
+            (("st", [0, 2]), ("en", [16, 24]), ("ax", [0, 1]), ("sp", [1, 2]))]
+    part = b.op("Slice", b.weight(16, 24, hint="w"), *ends)
+    h = b.op("Mul", b.op("Add", b.input("x", [4, 16]), rows),
+             b.const(np.array(0.5, np.float32), "scale"))
+    b.output(b.op("MatMul", h, part), [4, 11])
+    m = b.model()
+    rng = np.random.default_rng(3)
+    new = {k: v + rng.standard_normal(v.shape).astype(v.dtype) if v.dtype == np.float32
+           else v for k, v in weights(m).items()}
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    with load_module(kiln.compile(m, "llvm").export_library(tmp_path / "old.so")) as lib:
+        assert swap.native_entry(lib) is not None
+        before = lib["main"](x)
+        idx = next(k for k in new if k.startswith("idx"))
+        with pytest.raises(UsageError, match=r"out of range \(status 4\)"):
+            lib.swap_weights({**new, idx: np.array([3, 1, 40, 1], np.int64)})
+        assert lib["main"](x).tobytes() == before.tobytes()
+        lib.swap_weights(new)
+        got = lib["main"](x)
+        table, w, scale = (new[next(k for k in new if k.startswith(p))]
+                           for p in ("table", "w_", "scale"))
+        np.testing.assert_allclose(got, (x + table[[3, 1, 4, 1]]) * scale @ w[:, 2::2],
+                                   rtol=1e-5, atol=1e-5)
+        lib.swap_weights(weights(m))
+        monkeypatch.setattr(swap, "native_entry", lambda _lib: None)
+        lib.swap_weights(new)
+        assert lib["main"](x).tobytes() == got.tobytes()

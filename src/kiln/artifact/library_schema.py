@@ -79,6 +79,7 @@ LIBRARY_METADATA = Obj(
               "graphs": MapOf(GRAPH, NAME),
               "profile": Obj(optional={"sites": ListOf(Anything())}, extra=Anything()),
               "external_dependencies": ListOf(DEPENDENCY),
+              "swap": Obj(optional={"symbol": NAME, "weight_symbol": NAME}, extra=Anything()),
               "generic_kernels": ListOf(GENERIC_KERNEL)},
     extra=Anything())
 

@@ -136,6 +136,10 @@ def library_weights(path: str, artifacts: Sequence[Any], metadata: Mapping[str, 
     entry = metadata.get("weights")
     info = _external(path, entry) if isinstance(entry, Mapping) else _embedded(artifacts)
     info["transforms_replayable"], info["replay_note"] = replayable(artifacts)
+    # the library's own C entry, where it carries its swap program (docs/format.md)
+    program = any(getattr(a, "file_name", None) == "swap_program.c" for a in artifacts)
+    symbol = (metadata.get("swap") or {}).get("symbol")
+    info["swap_entry"] = symbol if program and symbol else None
     return _totals(info)
 
 
@@ -200,6 +204,10 @@ def weights_lines(info: Mapping[str, Any], kind: str, per_tensor: bool) -> list[
     lines.append("  transforms replayable: " + (
         f"{', '.join(replay)} (Module.swap_weights rebuilds every constant)" if replay
         else info.get("replay_note") or REPLAYABLE_NOTE))
+    if replay:
+        lines.append("  swap from C: " + (
+            f"{info['swap_entry']} (the library runs its swap program)"
+            if info.get("swap_entry") else "none (Module.swap_weights replays with numpy)"))
     if per_tensor:
         lines.extend(_tensor_line(t) for t in info["tensors"])
     elif info["tensors"]:

@@ -23,7 +23,9 @@ import numpy as np
 from kiln.artifact import Artifact
 from kiln.artifact.integrity import CHUNK_SIZE, chunk_digests, tree_digest
 from kiln.artifact.segments import Segments
+from kiln.codegen.host import HOST_FILE
 from kiln.codegen.naming import consts_symbol
+from kiln.codegen.swap_program import program_artifacts
 from kiln.ir import weight_origin as wo
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import AllocConst
@@ -106,9 +108,10 @@ class ConstantPool:
             return out
         record = self.replay_record()
         symbol = consts_symbol(prefix)
-        return [replace(a, metadata={**a.metadata, "replay": record})
-                if isinstance(a, Artifact) and a.file_name == CONSTANTS_FILE
-                and a.metadata.get("symbol") == symbol else a for a in out]
+        out = [replace(a, metadata={**a.metadata, "replay": record})
+               if isinstance(a, Artifact) and a.file_name == CONSTANTS_FILE
+               and a.metadata.get("symbol") == symbol else a for a in out]
+        return out + _swap_program(out, record, prefix)
 
     def replay_record(self) -> dict[str, Any]:
         """How to rebuild every constant from the model's named weights (docs/format.md,
@@ -230,6 +233,16 @@ class ConstantPool:
         view.flags.writeable = False
         self._arena = view.data
         self._digests = None
+
+
+def _swap_program(artifacts: list[Any], record: dict[str, Any], prefix: str) -> list[Any]:
+    """The swap program's artifacts (kiln.codegen.swap_program) beside a native host.c
+    whose entry runs them (none when the record has no program, or no host.c is native)."""
+    host = next((a for a in artifacts if isinstance(a, Artifact) and a.file_name == HOST_FILE
+                 and a.loader == "native"), None)
+    if host is None or b"#define KILN_HOST_SWAP 1" not in bytes(host.content):
+        return []
+    return program_artifacts(record, prefix, host.codegen_id, host.metadata.get("cflags", ()))
 
 
 REPLAY_VERSION = 1

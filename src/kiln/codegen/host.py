@@ -61,6 +61,7 @@ from kiln.codegen.naming import (
     pool_controls_config,
     profile_symbol,
     runtime_dims,
+    swap_symbols,
     workspace_symbols,
 )
 from kiln.errors import CompileError
@@ -259,6 +260,7 @@ class HostPrinter:
                        f"#define KILN_WORKSPACE_FREE {free}"]
         if generating:
             config.append("#define KILN_HOST_GENERATE 1")
+        config += self.swap_config()
         if self.parallel:
             config += ["#define KILN_HOST_PARALLEL 1",
                        f"#define KILN_PARALLEL_FOR {parallel_for_symbol(self.prefix)}",
@@ -293,6 +295,18 @@ class HostPrinter:
                 assert isinstance(layout, DecoderLayout), layout
                 out += generate_entry(self.prefix, self.ns, name, layout)
         return out
+
+    def swap_config(self) -> list[str]:
+        """The #defines of kiln_swap.c (`{prefix}_swap_weights` and the call guard), for a
+        library with constants."""
+        if not self.metadata.get("swap"):
+            return []
+        symbols = swap_symbols(self.prefix)
+        return ["#define KILN_HOST_SWAP 1",
+                *(f"#define KILN_SWAP_{k.upper()} {symbols[v]}" for k, v in (
+                    ("weights", "symbol"), ("weight", "weight_symbol"), ("program", "program"),
+                    ("names", "names"), ("run", "run"), ("pause", "pause"),
+                    ("resume", "resume")))]
 
     def profile_config(self) -> list[str]:
         """The #defines of kiln_host.c's profiling counters (none without profile sites)."""
@@ -344,7 +358,10 @@ class HostPrinter:
                 call_args.append(flag)
             call_args += [bound[d.name] for d in dims]
             symbol = kernel_symbol(self.prefix, name)
+            # The call guard of kiln_swap.c: a swap installs while no kernel runs.
+            p.line("KILN_HOST_CALL_ENTER();")
             p.line(f"int32_t status = {symbol}({', '.join(call_args)});")
+            p.line("KILN_HOST_CALL_LEAVE();")
             size, exact = workspace_bytes(self.mod, name)
             # Report a size only when it is the one workspace size that can have failed.
             reported = size if exact else 0

@@ -38,8 +38,9 @@ from kiln.ir.attrs import (
 from kiln.ir.module import IRModule
 from kiln.ir.outlined import kernel_funcs
 from kiln.ir.shape_expr import dim_bounds, dim_nonzero, dim_text, graph_dims
-from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Var
+from kiln.ir.tensor import AllocConst, Buffer, PrimExpr, PrimFunc, Var
 from kiln.ir.terminate import terminate_flag
+from kiln.ir.visitor import iter_stmts
 from kiln.runtime import abi
 from kiln.runtime.threads import POOL_EXPORTS
 
@@ -67,7 +68,10 @@ LIBRARY_FORMAT = "kiln.library"
 #   6 (2026-11-27): `"generate_symbol"` on a decoder graph function (kiln.codegen.decoder_layout),
 #     the exported greedy generation entry `{prefix}_generate_{name}` (docs/abi.md,
 #     "Generation"). Every key of version 5 is unchanged.
-LIBRARY_FORMAT_VERSION = 6
+#   7 (2026-11-27): `"swap"` (`symbol`, `weight_symbol`) on a library with constants: the
+#     exported `{prefix}_swap_weights` and `{prefix}_swap_weight` (docs/abi.md, "Swapping
+#     weights"). Every key of version 6 is unchanged.
+LIBRARY_FORMAT_VERSION = 7
 
 
 # Longest system_lib_prefix: it starts every symbol of the library.
@@ -145,6 +149,23 @@ def cpu_missing_symbol(prefix: str) -> str:
 
 def consts_symbol(prefix: str) -> str:
     return f"{prefix}_consts"
+
+
+def swap_symbols(prefix: str) -> dict[str, str]:
+    """The entries of kiln_swap.c a library with constants exports (docs/abi.md, "Swapping
+    weights"): `symbol` `{prefix}_swap_weights(raw, n_raw)`, `weight_symbol`
+    `{prefix}_swap_weight(i, ...)`; and the hidden `program`, `names` (swap_program.c),
+    `run` (the interpreter, swap_runtime.c), `pause` and `resume` (host.c's call guard)."""
+    return {"symbol": f"{prefix}_swap_weights", "weight_symbol": f"{prefix}_swap_weight",
+            "program": f"{prefix}_swap_program", "names": f"{prefix}_swap_names",
+            "run": f"{prefix}_swap_run", "pause": f"{prefix}_swap_pause",
+            "resume": f"{prefix}_swap_resume"}
+
+
+def has_constants(mod: IRModule) -> bool:
+    """Whether some tensor-level function of `mod` holds a constant (AllocConst)."""
+    return any(isinstance(node, AllocConst) for fn in mod.prim_funcs().values()
+               for node in iter_stmts(fn.body))
 
 
 # The file-local pointer holding `{prefix}_consts`'s address in a C translation unit
@@ -264,6 +285,9 @@ def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]
     graphs = graph_summaries(mod.prim_funcs(), written)
     if graphs:  # the kernel calls and memory plan of each lowered graph function
         extra = {"graphs": graphs, **extra}
+    if has_constants(mod):  # kiln_swap.c's entries (docs/abi.md, "Swapping weights")
+        symbols = swap_symbols(prefix)
+        extra = {"swap": {k: symbols[k] for k in ("symbol", "weight_symbol")}, **extra}
     sites = mod.attrs.get(ATTR_PROFILE_SITES, ())
     if sites:  # profile-kernel-calls ran (kiln.ir.profiling): the timer sites, in order
         extra = {"profile": {"sites": [{"function": f, "kernel": k} for f, k in sites]},

@@ -406,6 +406,8 @@ def abi_symbols(metadata: Mapping[str, Any], prefix: str) -> list[str]:
     if metadata.get("profile"):  # built with profile=True: the counters' accessors
         symbols += [f"{prefix}_{name}" for name in ("profile_read", "profile_reset")]
     symbols += [f"{prefix}_{name}" for name in POOL_EXPORTS]  # the thread pool's controls
+    swap = metadata.get("swap") or {}  # kiln_swap.c's entries (a library with constants)
+    symbols += [str(swap[k]) for k in ("symbol", "weight_symbol") if swap.get(k)]
     return [*symbols, f"{prefix}_last_error", f"{prefix}_metadata", f"{prefix}_cpu_missing",
             f"{prefix}_blob"]
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 LIBRARY_FORMAT = "kiln.library"
 SOURCE_FORMATS = ("c", "ll", "asm")
-MAX_LIBRARY_VERSION = 6  # newest library metadata version this runtime reads
+MAX_LIBRARY_VERSION = 7  # newest library metadata version this runtime reads
 
 
 class Module:
@@ -391,6 +391,16 @@ class LibraryModule(Module):
                 yield
             finally:
                 self._guard.resume()
+
+    @contextmanager
+    def kept_open(self) -> Iterator[None]:
+        """The library stays loaded meanwhile (close() waits), one holder at a time as
+        calls_paused: for its own `{prefix}_swap_weights`, which holds the calls itself
+        (kiln_swap.c). UsageError once closed."""
+        with self._swap_lock:
+            if self.closed:
+                raise UsageError(f"{self.path}: the library is closed")
+            yield
 
     def close(self) -> None:
         """dlclose the library (idempotent) once the calls in flight have returned.

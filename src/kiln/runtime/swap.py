@@ -13,8 +13,13 @@ or `unknown` (made by a transform that records no replay: the library cannot swa
    dtype and shape, the others (unused by the library, or read into its code at
    compile time, such as a Reshape's shape) absent or unchanged (their SHA-256), no
    name the model does not have; a `UsageError` names every problem and nothing changes;
-3. rebuilds every constant with numpy (bit-identical to the compile's numpy);
-4. installs them between calls: the constants' pages are made writable (a private copy
+3. when the library carries its swap program (docs/format.md, "The swap program"; a
+   library of metadata version 7 or later, `swap` in its metadata), hands the raw
+   weights to its C entry `{prefix}_swap_weights`, which rebuilds the constants and
+   installs them under its own call guard (kiln_swap.c; docs/abi.md, "Swapping
+   weights"); otherwise (an older library, or a record the program cannot express):
+4. rebuilds every constant with numpy (bit-identical to the compile's numpy);
+5. installs them between calls: the constants' pages are made writable (a private copy
    of the library's pages, of the same bytes: the file is not changed), then the
    library's call guard holds new calls and waits for the running ones
    (kiln.runtime.lifetime), the new constants are copied in, and calls resume. A call
@@ -37,6 +42,7 @@ import numpy as np
 
 from kiln.artifact.elf import SHT_SYMTAB, read_symbols
 from kiln.errors import ArgumentTypeError, FormatError, UsageError
+from kiln.runtime import ctypes_abi
 from kiln.runtime.onnx_weights import read_onnx_weights
 
 if TYPE_CHECKING:
@@ -276,6 +282,52 @@ def _writable(start: int, length: int) -> Iterator[None]:
             libc.mprotect(a, b - a, prot)
 
 
+# {prefix}_swap_weight(i, &name, &dtype, &ndim, &shape) and {prefix}_swap_weights(raw, n).
+_WEIGHT_ARGS = [ctypes.c_int32, ctypes.POINTER(ctypes.c_char_p),
+                ctypes.POINTER(ctypes_abi.DLDataType), ctypes.POINTER(ctypes.c_int32),
+                ctypes.POINTER(ctypes.POINTER(ctypes.c_int64))]
+
+
+def native_entry(lib: Any) -> tuple[Any, list[str]] | None:
+    """(`{prefix}_swap_weights`, the raw weights' names in its order) of a library that
+    carries its swap program, else None (numpy replays the record)."""
+    symbols = lib.metadata.get("swap") if isinstance(getattr(lib, "metadata", None), dict) \
+        else None
+    if not isinstance(symbols, Mapping) or not symbols.get("symbol"):
+        return None
+    try:
+        describe = lib.cdll[str(symbols["weight_symbol"])]
+        entry = lib.cdll[str(symbols["symbol"])]
+    except (AttributeError, KeyError):
+        return None
+    describe.restype, describe.argtypes = ctypes.c_int32, _WEIGHT_ARGS
+    entry.restype = ctypes.c_int32
+    entry.argtypes = [ctypes.POINTER(ctypes_abi.DLTensor), ctypes.c_int32]
+    count = describe(-1, None, None, None, None)
+    if count < 0:
+        return None
+    names = []
+    for i in range(count):
+        name = ctypes.c_char_p()
+        describe(i, ctypes.byref(name), None, None, None)
+        names.append((name.value or b"").decode("utf-8"))
+    return entry, names
+
+
+def native_swap(lib: Any, entry: tuple[Any, list[str]], named: Mapping[str, np.ndarray]
+                ) -> None:
+    """Run the library's `{prefix}_swap_weights` on `named` (checked against the record)."""
+    fn, names = entry
+    arrays = [np.asarray(named[n], order="C") for n in names]  # (0-d stays 0-d)
+    args = [ctypes_abi.TensorArg(a, ctypes_abi.Where("swap_weights", i, n))
+            for i, (a, n) in enumerate(zip(arrays, names))]
+    raw = (ctypes_abi.DLTensor * max(len(args), 1))(*(a.tensor for a in args))
+    status = fn(raw, len(args))
+    if status != 0:
+        message = lib.last_error()
+        raise UsageError(f"{lib.path}: {message or 'swap_weights failed'} (status {status})")
+
+
 def _where(module: Any) -> str:
     return str(getattr(module, "path", type(module).__name__))
 
@@ -304,6 +356,12 @@ def swap_weights(module: Module, source: Any) -> None:
     if problems:
         raise UsageError(f"{lib.path}: swap_weights: the weights do not fit the library: "
                          + "; ".join(problems))
+    entry = native_entry(lib)
+    if entry is not None:
+        lib.run_weight_checks()  # a pending lazy check must see the weights it was made for
+        with lib.kept_open():  # the C holds the calls; close() must wait for it
+            native_swap(lib, entry, named)
+        return
     pieces = rebuild(record, named)
     lib.run_weight_checks()  # a pending lazy check must see the weights it was made for
     address = constants_address(lib, str(artifact.metadata["symbol"]))
@@ -315,5 +373,6 @@ def swap_weights(module: Module, source: Any) -> None:
             view[offset:offset + data.size] = data
 
 
-__all__ = ["REPLAY_VERSION", "check_source", "constants_address", "not_replayable",
-           "read_source", "rebuild", "replay_record", "swap_weights"]
+__all__ = ["REPLAY_VERSION", "check_source", "constants_address", "native_entry",
+           "native_swap", "not_replayable", "read_source", "rebuild", "replay_record",
+           "swap_weights"]

@@ -149,6 +149,32 @@ typedef int32_t (*KilnGenerateFunc)(const int64_t *prompt, int64_t batch, int64_
                                     int32_t n_stop, int64_t pad_token, int64_t *out_ids,
                                     int64_t *out_steps);
 
+/*
+ * `{prefix}_swap_weights` of a library with constants (docs/abi.md, "Swapping weights"):
+ * new values of the model's named weights (`raw`, as the ONNX initializers hold them:
+ * compact CPU tensors, `n_raw` of them in the order `{prefix}_swap_weight` gives)
+ * rebuilt into the library's constants (transposed, packed, batch norms folded, as the
+ * compile did) and installed while no call runs: each call sees the old or the new
+ * weights, never a mix. Returns KILN_SWAP_OK, or one of the codes below with the message
+ * in `{prefix}_last_error()`; on any error nothing is installed.
+ */
+typedef int32_t (*KilnSwapWeightsFunc)(const DLTensor *raw, int32_t n_raw);
+
+/*
+ * `{prefix}_swap_weight(i, &name, &dtype, &ndim, &shape)`: the number of raw weights
+ * `{prefix}_swap_weights` takes (-1: the library cannot swap in C); with 0 <= i < that
+ * number, the i-th one's name, dtype, rank and shape (pointers may be NULL).
+ */
+typedef int32_t (*KilnSwapWeightFunc)(int32_t i, const char **name, DLDataType *dtype,
+                                      int32_t *ndim, const int64_t **shape);
+
+#define KILN_SWAP_OK 0
+#define KILN_SWAP_EARGUMENT (-1)    /* another count, dtype or shape; NULL or strided data */
+#define KILN_SWAP_ENOMEM 1          /* an allocation failed */
+#define KILN_SWAP_EUNSUPPORTED 2    /* no swap program in this library (Python can swap) */
+#define KILN_SWAP_EPROTECT 3        /* the constants' pages cannot be written */
+#define KILN_SWAP_EVALUE 4          /* a value the compiled transforms cannot take */
+
 /* `{prefix}_last_error` and `{prefix}_metadata`. */
 typedef const char *(*KilnStringFunc)(void);
 

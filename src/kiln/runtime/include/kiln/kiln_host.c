@@ -19,6 +19,8 @@
  *                       KILN_HOST_PROFILE_FUNCTIONS / _KERNELS the names of the sites;
  *   KILN_HOST_CPU_FEATURES  the rows of the CPU features the kernels need, checked on
  *                       the first call, and KILN_HOST_CPU_MISSING `{prefix}_cpu_missing`;
+ *   KILN_HOST_SWAP      `{prefix}_swap_weights` and the call guard (kiln_swap.c), with
+ *                       KILN_SWAP_{WEIGHTS,WEIGHT,PROGRAM,NAMES,CONSTS} its symbols;
  *   KILN_WORKSPACE_ALLOC / KILN_WORKSPACE_FREE  the kernels' heap allocator,
  *                       `{prefix}_workspace_alloc`/`_free` (hidden), with KILN_MALLOC /
  *                       KILN_FREE the allocator behind it (malloc/free by default).
@@ -34,8 +36,8 @@
     && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L /* pthreads, sysconf, clock_gettime (not in ISO C) */
 #endif
-#if defined(KILN_HOST_PARALLEL) && !defined(KILN_NO_THREADS) && defined(__linux__) \
-    && !defined(_GNU_SOURCE)
+#if ((defined(KILN_HOST_PARALLEL) || defined(KILN_HOST_SWAP)) && !defined(KILN_NO_THREADS)) \
+    && defined(__linux__) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE /* sched_setaffinity, sched_getcpu and cpu_set_t: pinned workers */
 #endif
 #include <stdarg.h>
@@ -1595,3 +1597,5 @@ KILN_EXPORT void KILN_PROFILE_RESET(void) {
 #endif /* KILN_HOST_PROFILE */
 
 #include "kiln_generate.c"
+
+#include "kiln_swap.c"
