@@ -39,7 +39,6 @@ from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
-    For,
     IfThenElse,
     PrimExpr,
     PrimFunc,
@@ -53,7 +52,14 @@ from kiln.ir.tensor import (
 from kiln.ir.types import TensorType
 from kiln.kernels.conv.family import blocked_bias
 from kiln.kernels.conv.padding import padded_blocked_buffer
-from kiln.kernels.conv.winograd import band_rows, skewed_rows, takes, tiles, transform_2d
+from kiln.kernels.conv.winograd import (
+    band_rows,
+    banded,
+    skewed_rows,
+    takes,
+    tiles,
+    transform_2d,
+)
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.gemm.knobs import GemmTiling
 from kiln.kernels.gemm.loop_nest import gemm_body
@@ -137,8 +143,7 @@ def winograd_nchwc_body(shape: ConvShape, x: Buffer, up: Buffer, out: Buffer,
         band = Var("band", INDEX_DTYPE)
         with parallel_split("serial"):  # each band's steps on one thread
             body = nest.band(n, band * rows)
-        return For(band, const(0), const(-(-th // rows)), "parallel",
-                   seq(*nest.allocations(), body))
+        return banded(nest.workspaces, -(-th // rows), band, body)
 
     batch = (image(const(0)) if isinstance(shape.n, int) and shape.n == 1
              else loop("n", as_expr(shape.n), image))
