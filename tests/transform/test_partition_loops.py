@@ -10,7 +10,7 @@ import kiln
 from kiln.ir import IRModule
 from kiln.ir import tensor as t
 from kiln.ir.evaluate import evaluate
-from kiln.ir.visitor import StmtExprVisitor
+from kiln.ir.visitor import StmtExprVisitor, iter_stmts
 from kiln.transform.partition_loops import MAX_PIECES, PartitionLoops
 from kiln.transform.pipeline import default_tensor_pipeline
 from support.graphs import GraphBuilder
@@ -158,3 +158,17 @@ def test_a_concats_pieces_run_as_one_parallel_loop(kind: str) -> None:
                                        rtol=1e-6, atol=1e-6)
     finally:
         lib.set_num_threads(None)
+
+
+def test_pieces_that_are_vector_loops_are_not_merged() -> None:
+    """A concatenation along the last axis splits into innermost loops (vector code):
+    those are not merged into one loop choosing its piece per element."""
+    b = GraphBuilder()
+    shapes = [(150_000,), (100_000,)]
+    xs = [b.input(f"x{k}", list(s)) for k, s in enumerate(shapes)]
+    b.output(b.op("Relu", b.op("Concat", *xs, axis=0)), [250_000])
+    ex = kiln.compile(b.model(opset=17), target="llvm")
+    (name,) = [n for n in ex.ir.functions if "concat" in n]
+    body = ex.ir[name].body
+    assert not any(isinstance(s, t.IfThenElse) for s in iter_stmts(body))
+    assert [f.kind for f in counted(body).loops] == ["parallel", "parallel"]
