@@ -318,14 +318,17 @@ def band_rows(shape: ConvShape, m: int, width: int, isa: ISA) -> int | None:
     batch 1"): taken when the image's products are parallel work (`min_parallel_work`)
     and some split into 2+ bands of MIN_BAND_TILES tiles or more keeps the products'
     tile count (every band's tiles, the last band's included, in whole register tiles
-    of `width` tiles) within MAX_BAND_SURPLUS of the whole image's; the most such
-    bands."""
+    of `width` tiles) and the tile rows transformed (the last band's as many as the
+    others') within MAX_BAND_SURPLUS of the whole image's; the most such bands."""
     th, tw = tiles(shape, m)
     if shape.c_out * shape.c_in * (m + 2) ** 2 * th * tw < min_parallel_work("madd", isa):
         return None
     whole = -(-(th * tw) // width) * width
     for rows in range(-(-MIN_BAND_TILES // tw), th):
-        if -(-th // rows) * -(-(rows * tw) // width) * width <= whole * (1 + MAX_BAND_SURPLUS):
+        bands = -(-th // rows)
+        # the products' tiles in whole register tiles, and the tile rows transformed
+        if bands * -(-(rows * tw) // width) * width <= whole * (1 + MAX_BAND_SURPLUS) and \
+                bands * rows <= th * (1 + MAX_BAND_SURPLUS):
             return rows
     return None
 
