@@ -5,7 +5,8 @@ onnxruntime's result with the fused bias, residual add and ReLU: F(2x2) and F(4x
 pads 0 and 1, odd and partial-tile sizes, channel counts no multiple of a vector, on
 this host, its AVX2 path and the C backend, on 1 and 2 threads. The rule takes it by
 default (not with the target's `winograd` false), keeps it inside NCHW{b}c regions
-(`conv2d_winograd_nchwc`), and its aarch64 build matches under qemu.
+(`conv2d_winograd_nchwc`), and its aarch64 build matches under qemu. A large enough
+image runs in bands of tile rows (NCHW and NCHW{b}c), the last band shorter.
 
 Winograd's sums are rounded differently from a direct convolution's (the transforms
 scale terms up to 8x and cancel them): the bound asserted is 2e-5 of the output's
@@ -331,6 +332,69 @@ def test_winograd_runs_the_images_of_a_batch_in_parallel(kind: str, batch: int |
             r = rng.standard_normal((n, 32, 10, 10)).astype(np.float32)
             got = np.asarray(lib["main"](x, r))
             (ref,) = onnxruntime_outputs(model, {"x": x, "r": r})
+            assert np.abs(got - ref).max() / np.abs(ref).max() < BOUND[4]
+    finally:
+        lib.set_num_threads(None)
+
+
+def _bands(ex: kiln.Executable) -> int:
+    """The band loops of `ex`'s Winograd kernel (kiln.kernels.conv.winograd.band_rows):
+    0 where it keeps the image whole."""
+    (kernel,) = [f for n, f in ex.ir.prim_funcs().items() if "winograd" in n]
+    return sum(1 for s in iter_stmts(kernel.body) if isinstance(s, For)
+               and s.var.name == "band" and s.kind == "parallel")
+
+
+# (target, batch, height, width): 32 > 32 channels, 7 tile rows in bands of 4 (the last
+# band 3 rows, or 2 with a partial tile row: 27 = 6 x 4 + 3), a symbolic batch running
+# its images one after the other below MIN_PARALLEL_IMAGES, each in bands
+@pytest.mark.parametrize("kind,batch,h,w", [
+    ("llvm-avx2", 1, 27, 30), ("c", 1, 27, 28), ("llvm", "n", 28, 26)])
+def test_one_image_runs_in_bands_of_tile_rows(kind: str, batch: int | str, h: int,
+                                              w: int) -> None:
+    """An image whose products are parallel work is split into bands of tile rows, run
+    in parallel (each thread all four steps of its band): onnxruntime's result on 1 and
+    2 threads, with a last band of fewer rows."""
+    b = GraphBuilder(8)
+    y = b.op("Conv", "x", b.weight(32, 32, 3, 3),
+             b.const(b.rng.normal(0, 0.1, 32).astype(np.float32), "b"),
+             kernel_shape=[3, 3], pads=[1] * 4)
+    y = b.op("Relu", b.op("Add", y, "r"))
+    shape = [batch, 32, h, w]
+    model = b.model([value_info("x", shape), value_info("r", shape)],
+                    [value_info(y, shape)], 17, "wino_bands")
+    ex = kiln.compile(model, native_target(kind))
+    assert _bands(ex) == 1
+    lib = ex.jit()
+    rng = np.random.default_rng(h)
+    try:
+        for n in ([1, 2, MIN_PARALLEL_IMAGES] if batch == "n" else [batch]):
+            x = rng.standard_normal((n, 32, h, w)).astype(np.float32)
+            r = rng.standard_normal((n, 32, h, w)).astype(np.float32)
+            (ref,) = onnxruntime_outputs(model, {"x": x, "r": r})
+            for threads in (1, 2):
+                lib.set_num_threads(threads)
+                got = np.asarray(lib["main"](x, r))
+                assert np.abs(got - ref).max() / np.abs(ref).max() < BOUND[4]
+    finally:
+        lib.set_num_threads(None)
+
+
+@pytest.mark.parametrize("kind,h,w", [("llvm", 27, 22), ("llvm-avx2", 28, 28)])
+def test_blocked_winograd_runs_an_image_in_bands(kind: str, h: int, w: int) -> None:
+    """`conv2d_winograd_nchwc` splits an image into bands of tile rows too (7 rows in
+    bands of 4, the last of 3, its window past the image's bottom zero): onnxruntime's
+    result on 1 and 2 threads."""
+    model = _bottleneck(64, h, w)
+    ex = kiln.compile(model, native_target(kind))
+    assert _bands(ex) == 1
+    x = np.random.default_rng(h).standard_normal((1, 64, h, w)).astype(np.float32)
+    (ref,) = onnxruntime_outputs(model, {"x": x})
+    lib = ex.jit()
+    try:
+        for threads in (1, 2):
+            lib.set_num_threads(threads)
+            got = np.asarray(lib["main"](x))
             assert np.abs(got - ref).max() / np.abs(ref).max() < BOUND[4]
     finally:
         lib.set_num_threads(None)

@@ -10,11 +10,11 @@ import kiln
 from kiln.ir import IRModule
 from kiln.ir import tensor as t
 from kiln.ir.evaluate import evaluate
-from kiln.ir.visitor import StmtExprVisitor
+from kiln.ir.visitor import StmtExprVisitor, iter_stmts
 from kiln.transform.partition_loops import MAX_PIECES, PartitionLoops
 from kiln.transform.pipeline import default_tensor_pipeline
 from support.graphs import GraphBuilder
-from support.reference import ort_session
+from support.reference import onnxruntime_outputs, ort_session
 
 
 class _Count(StmtExprVisitor):
@@ -125,3 +125,50 @@ def test_clamps_the_piece_decides_are_dropped() -> None:
     evaluate(mod, "f", *ins, want)
     evaluate(split, "f", *ins, got)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kind", ["llvm", "c"])
+def test_a_concats_pieces_run_as_one_parallel_loop(kind: str) -> None:
+    """A concatenation fused with the BatchNorm and ReLU after it (DenseNet's) is split
+    into one loop per input, then run as one parallel loop over every input's channels
+    (kiln.transform.parallelize: one hand-off, the 32-channel pieces too small to split
+    alone included), each channel choosing its input's loop: onnxruntime's result on 1
+    and 2 threads."""
+    b = GraphBuilder()
+    shapes = [(1, 384, 14, 14), (1, 32, 14, 14), (1, 32, 14, 14), (1, 32, 14, 14)]
+    xs = [b.input(f"x{k}", list(s)) for k, s in enumerate(shapes)]
+    scale = b.const(b.rng.uniform(0.5, 1.5, (480, 1, 1)).astype(np.float32), "scale")
+    shift = b.const(b.rng.normal(0, 0.1, (480, 1, 1)).astype(np.float32), "shift")
+    y = b.op("Relu", b.op("Add", b.op("Mul", b.op("Concat", *xs, axis=1), scale), shift))
+    b.output(y, [1, 480, 14, 14])
+    model = b.model(opset=17)
+    ex = kiln.compile(model, target=kind)
+    (name,) = [n for n in ex.ir.functions if "concat" in n]
+    loops = counted(ex.ir[name].body).loops
+    assert [(f.var.name, f.start.value, f.extent.value) for f in loops  # type: ignore[attr-defined]
+            if f.kind == "parallel"] == [("i1", 0, 480)], "one loop over the 480 channels"
+    rng = np.random.default_rng(6)
+    feeds = {f"x{k}": rng.standard_normal(s).astype(np.float32) for k, s in enumerate(shapes)}
+    (want,) = onnxruntime_outputs(model, feeds)
+    lib = ex.jit()
+    try:
+        for threads in (1, 2):
+            lib.set_num_threads(threads)
+            np.testing.assert_allclose(np.asarray(lib["main"](*feeds.values())), want,
+                                       rtol=1e-6, atol=1e-6)
+    finally:
+        lib.set_num_threads(None)
+
+
+def test_pieces_that_are_vector_loops_are_not_merged() -> None:
+    """A concatenation along the last axis splits into innermost loops (vector code):
+    those are not merged into one loop choosing its piece per element."""
+    b = GraphBuilder()
+    shapes = [(150_000,), (100_000,)]
+    xs = [b.input(f"x{k}", list(s)) for k, s in enumerate(shapes)]
+    b.output(b.op("Relu", b.op("Concat", *xs, axis=0)), [250_000])
+    ex = kiln.compile(b.model(opset=17), target="llvm")
+    (name,) = [n for n in ex.ir.functions if "concat" in n]
+    body = ex.ir[name].body
+    assert not any(isinstance(s, t.IfThenElse) for s in iter_stmts(body))
+    assert [f.kind for f in counted(body).loops] == ["parallel", "parallel"]

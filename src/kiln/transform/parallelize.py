@@ -36,6 +36,13 @@ innermost loop (the one the backend vectorizes) is taken only when no loop
 around it can be. A loop that cannot be parallel is searched for parallel
 loops inside it; a loop a kernel's builder marked `parallel` is left as it is,
 and nothing inside it is split again.
+Pieces: the loops kiln.transform.partition_loops splits one loop into (a
+concatenation's inputs: serial loops of one variable name, each starting where
+the last ended, each with loops inside) are taken together when their union is
+worth the pool and independent: one parallel loop over the union whose body
+picks a piece's body by a binary search over the starts (a few compares per
+iteration of an outer loop), rather than one hand-off per piece with the small
+pieces left serial.
 Symbolic extents: an extent bounded by a constant (`min(8, n - 8 * i)`) counts
 as that constant, another one as UNKNOWN_EXTENT iterations. A chosen loop of
 symbolic extent (a batch that may be 1 at run time) is merged with the
@@ -66,6 +73,7 @@ from kiln.ir.tensor import (
     CHECK_INTRINSIC,
     Allocate,
     AllocConst,
+    Buffer,
     CallExtern,
     CallFunc,
     Const,
@@ -77,6 +85,7 @@ from kiln.ir.tensor import (
     Load,
     PrimExpr,
     PrimFunc,
+    SeqStmt,
     Stmt,
     Store,
     Var,
@@ -84,6 +93,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.visitor import (
+    StmtExprMutator,
     StmtMutator,
     expr_children,
     fresh_copy,
@@ -219,6 +229,30 @@ class _Scheduler(LoopRewriter):
         return _rebuild(chain, innermost, For(innermost.var, innermost.start, innermost.extent,
                                               innermost.kind, body))
 
+    def visit_seq_stmt(self, s: SeqStmt) -> Stmt:
+        """`s` with each run of pieces of one partitioned loop (`_piece_runs`) that may
+        run in parallel as one parallel loop over all of them (`_merged`): one hand-off
+        for a concatenation's inputs rather than one per input, pieces too small on
+        their own included. Other statements as the base class rewrites them."""
+        out: list[Stmt] = []
+        for run in _piece_runs(s.body):
+            loops = [x for x in run if isinstance(x, For)]
+            # pieces with loops inside: an innermost loop is vector code, which a choice
+            # per iteration would end
+            merged = _merged(run) if len(loops) > 1 and all(
+                _has_loop(lp.body) for lp in loops) else None
+            if merged is not None:
+                views, loop = merged
+                for view in views:
+                    self.storage.bind_view(view)
+                if self.worth_it(loop) and self.independent(loop):
+                    out += [*views, For(loop.var, loop.start, loop.extent, "parallel",
+                                        loop.body)]
+                    continue
+            out += [self.visit_stmt(x) for x in run]
+        body = tuple(out)
+        return s if _same_stmts(body, s.body) else seq(*body)
+
     def worth_it(self, loop: For) -> bool:
         return (_extent(loop) >= 2
                 and _extent(loop) * _cost(loop.body) >= self.min_work)
@@ -277,6 +311,98 @@ def _collapsed(group: list[For]) -> For:
     # to the index arithmetic that relied on them (kiln.transform.index_ranges)
     return For(flat, Const(0, flat.dtype), extent, "parallel",
                drop_known_mods(seq(*lets, group[-1].body)))
+
+
+def _piece_runs(body: tuple[Stmt, ...]) -> list[list[Stmt]]:
+    """`body` in runs: the statements of loops that continue one another (the pieces
+    kiln.transform.partition_loops splits a loop into: serial loops of one variable
+    name, constant bounds, each starting where the last ended, with the views
+    FlattenLoops declares before each), each other statement a run of its own."""
+    runs: list[list[Stmt]] = []
+    pending: list[Stmt] = []  # views not yet placed: they go with the next statement
+    current: list[Stmt] | None = None
+    last: For | None = None
+    for x in body:
+        if isinstance(x, DeclBuffer):
+            pending.append(x)
+            continue
+        if isinstance(x, For) and current is not None and last is not None and \
+                _continues(last, x):
+            current += [*pending, x]
+        else:
+            if current is not None:
+                runs.append(current)
+            current = [*pending, x] if isinstance(x, For) and x.kind == "serial" else None
+            if current is None:
+                runs += [[d] for d in pending] + [[x]]
+        pending = []
+        last = x if current is not None and isinstance(x, For) else None
+    if current is not None:
+        runs.append(current)
+    return runs + [[d] for d in pending]
+
+
+def _continues(prev: For, loop: For) -> bool:
+    """Whether `loop` is the piece after `prev` (see `_piece_runs`)."""
+    starts = [x.start for x in (prev, loop)]
+    if loop.kind != "serial" or loop.var.name != prev.var.name or \
+            not all(isinstance(v, Const) for v in (*starts, prev.extent, loop.extent)):
+        return False
+    end = int(prev.start.value) + int(prev.extent.value)  # type: ignore[attr-defined]
+    return end == int(loop.start.value)  # type: ignore[attr-defined]
+
+
+def _merged(run: list[Stmt]) -> tuple[list[DeclBuffer], For] | None:
+    """The pieces of `run` as one serial loop over their union, its body choosing a
+    piece's body by a binary search over their starts; the views first, those of one
+    storage, offset and shape as one view (so that the analysis sees one buffer
+    written at one index). None when a view's offset is not an int."""
+    views: list[DeclBuffer] = []
+    same: dict[Buffer, Buffer] = {}
+    for x in run:
+        if isinstance(x, DeclBuffer):
+            if not isinstance(x.byte_offset, int):
+                return None
+            first = next((v for v in views if (v.source, v.byte_offset, v.buffer.shape,
+                                               v.buffer.dtype) == (x.source, x.byte_offset,
+                                                                   x.buffer.shape,
+                                                                   x.buffer.dtype)), None)
+            if first is None:
+                views.append(x)
+            else:
+                same[x.buffer] = first.buffer
+    loops = [x for x in run if isinstance(x, For)]
+    var = Var(loops[0].var.name, loops[0].var.dtype)
+    bodies = [_Renamed({lp.var: var}, same).visit_stmt(lp.body) for lp in loops]
+
+    def choose(lo: int, hi: int) -> Stmt:
+        if hi - lo == 1:
+            return bodies[lo]
+        mid = (lo + hi) // 2
+        return IfThenElse(compare("lt", var, loops[mid].start), choose(lo, mid),
+                          choose(mid, hi))
+
+    last = loops[-1]
+    extent = Const(int(last.start.value) + int(last.extent.value)  # type: ignore[attr-defined]
+                   - int(loops[0].start.value), var.dtype)  # type: ignore[attr-defined]
+    return views, For(var, loops[0].start, extent, "serial", choose(0, len(loops)))
+
+
+class _Renamed(StmtExprMutator):
+    """A statement with variables and buffers replaced (by identity)."""
+
+    def __init__(self, vars: dict[Var, PrimExpr], buffers: dict[Buffer, Buffer]) -> None:
+        self.vars, self.buffers = vars, buffers
+
+    def visit_var(self, e: Var) -> PrimExpr:
+        return self.vars.get(e, e)
+
+    def visit_buffer(self, b: Buffer) -> Buffer:
+        return self.buffers.get(b, b)
+
+
+def _same_stmts(a: tuple[Stmt, ...], b: tuple[Stmt, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _outer_locals(loop: For) -> bool:

@@ -26,6 +26,12 @@ with `a = m + 2`, `T` output tiles (`ceil(OH/m)` x `ceil(OW/m)`):
 F(4x4) does a quarter of the direct kernel's multiplies on the 3x3 layers it takes
 (docs/tuning.md).
 
+Threads: a batch of MIN_PARALLEL_IMAGES or more runs its images in parallel, each
+thread the four steps of whole images. Fewer images each run in bands of tile rows
+when the image is big enough (`band_rows`): the bands in parallel, each thread the
+four steps of its band on workspaces of its own, so no step hands the next a workspace
+half written by another core. Otherwise each step's tiles are split over the threads.
+
 The transforms' code is generated from the matrices (`combine`): zero terms skipped,
 terms of equal magnitude summed before one multiply, so both tile sizes share it.
 """
@@ -42,10 +48,11 @@ from kiln.errors import UsageError
 from kiln.ir import graph as g
 from kiln.ir import weight_origin as wo
 from kiln.ir.attrs import ATTR_CONV_KERNEL
-from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.dtype import INDEX_DTYPE, itemsize
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
+    DeclBuffer,
     For,
     IfThenElse,
     LetStmt,
@@ -55,6 +62,7 @@ from kiln.ir.tensor import (
     Store,
     Var,
     as_expr,
+    max_,
     min_,
     seq,
 )
@@ -65,6 +73,7 @@ from kiln.kernels.gemm.knobs import GemmTiling
 from kiln.kernels.gemm.loop_nest import gemm_body
 from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling
 from kiln.kernels.gemm.schedule import GemmSchedule
+from kiln.kernels.parallel_work import min_parallel_work
 from kiln.kernels.registry import Family
 from kiln.kernels.tiles import (
     Epilogue,
@@ -245,29 +254,83 @@ def winograd_body(shape: ConvShape, x: Buffer, u: Buffer, out: Buffer,
     index. Both transforms are vector code over the tiles of a tile row: the padded
     input is stored split by column phase (`[c][row][col % m][col // m]`), so a tile
     row's column `j` of every tile is one contiguous vector."""
+    rows = None if tuned_split() is not None else band_rows(shape, schedule.m, schedule.nr, isa)
+
+    def one_image(n: PrimExpr) -> Stmt:
+        """One image: its bands in parallel (`band_rows`), or whole with each step's
+        tiles parallel."""
+        if rows is None:
+            nest = _Winograd.make(shape, x, u, out, schedule, epilogue, fused, isa)
+            return seq(*nest.allocations(), nest.image(n))
+        nest = _Winograd.make(shape, x, u, out, schedule, epilogue, fused, isa, rows)
+        band = Var("band", INDEX_DTYPE)
+        with parallel_split("serial"):  # each band's steps on one thread
+            body = nest.band(n, band * rows)
+        return banded((nest.xq, nest.v, nest.mm), -(-nest.tiles[0] // rows), band, body)
+
     def images(kind: str) -> Stmt:
-        """Every image: one after the other, each step's tiles parallel ("serial"), or
-        the images in parallel, each with workspaces of its own and serial steps."""
-        nest = _Winograd.make(shape, x, u, out, schedule, epilogue, fused, isa)
+        """Every image: one after the other ("serial"), or the images in parallel, each
+        with workspaces of its own and serial steps."""
         nv = Var("n", INDEX_DTYPE)
         if kind == "serial":
-            body = nest.image(nv)
-            return seq(*nest.allocations(), For(nv, const(0), as_expr(shape.n, INDEX_DTYPE),
-                                                "serial", body))
+            if rows is None:  # the workspaces allocated once for every image
+                nest = _Winograd.make(shape, x, u, out, schedule, epilogue, fused, isa)
+                return seq(*nest.allocations(), For(nv, const(0), as_expr(
+                    shape.n, INDEX_DTYPE), "serial", nest.image(nv)))
+            return For(nv, const(0), as_expr(shape.n, INDEX_DTYPE), "serial", one_image(nv))
+        nest = _Winograd.make(shape, x, u, out, schedule, epilogue, fused, isa)
         with parallel_split("serial"):
             body = nest.image(nv)
         return For(nv, const(0), as_expr(shape.n, INDEX_DTYPE), "parallel",
                    seq(*nest.allocations(), body))
 
     if isinstance(shape.n, int) and shape.n == 1:
-        nest = _Winograd.make(shape, x, u, out, schedule, epilogue, fused, isa)
-        return seq(*nest.allocations(), nest.image(const(0)))
+        return one_image(const(0))
     if tuned_split() is not None:  # a tuned split keeps its own parallel loops
         return images("serial")
     if isinstance(shape.n, int):
         return images("parallel" if shape.n >= MIN_PARALLEL_IMAGES else "serial")
     return IfThenElse(as_expr(shape.n, INDEX_DTYPE) >= MIN_PARALLEL_IMAGES,
                       images("parallel"), images("serial"))
+
+
+def banded(workspaces: Sequence[Buffer], bands: int, band: Var, body: Stmt) -> Stmt:
+    """`for band in range(bands)` in parallel around `body`, each band's `workspaces`
+    its own: views of one allocation of every band's (one allocation per call, not
+    one per band: a heap allocation of each band's in the loop cost a tenth of a
+    28x28 layer's time on one thread)."""
+    allocs: list[Stmt] = []
+    views: list[Stmt] = []
+    for w in workspaces:
+        size = 1
+        for d in w.shape:
+            size *= int(d)
+        whole = Buffer(f"{w.name}_bands", (bands * size,), w.dtype)
+        allocs.append(Allocate(whole))
+        views.append(DeclBuffer(w, whole, band * (size * itemsize(w.dtype))))
+    return seq(*allocs, For(band, const(0), const(bands), "parallel", seq(*views, body)))
+
+
+def band_rows(shape: ConvShape, m: int, width: int, isa: ISA) -> int | None:
+    """The tile rows of each band an image is split into for F(`m` x `m`), None to keep
+    it whole. Bands run in parallel, each thread all the steps of its band on
+    workspaces of its own (docs/performance.md, "DenseNet-121's Winograd layers at
+    batch 1"): taken when the image's products are parallel work (`min_parallel_work`)
+    and some split into 2+ bands of MIN_BAND_TILES tiles or more keeps the products'
+    tile count (every band's tiles, the last band's included, in whole register tiles
+    of `width` tiles) and the tile rows transformed (the last band's as many as the
+    others') within MAX_BAND_SURPLUS of the whole image's; the most such bands."""
+    th, tw = tiles(shape, m)
+    if shape.c_out * shape.c_in * (m + 2) ** 2 * th * tw < min_parallel_work("madd", isa):
+        return None
+    whole = -(-(th * tw) // width) * width
+    for rows in range(-(-MIN_BAND_TILES // tw), th):
+        bands = -(-th // rows)
+        # the products' tiles in whole register tiles, and the tile rows transformed
+        if bands * -(-(rows * tw) // width) * width <= whole * (1 + MAX_BAND_SURPLUS) and \
+                bands * rows <= th * (1 + MAX_BAND_SURPLUS):
+            return rows
+    return None
 
 
 @dataclass(frozen=True)
@@ -287,22 +350,25 @@ class _Winograd:
     xq: Buffer
     v: Buffer
     mm: Buffer
+    rows: int
 
     @staticmethod
     def make(shape: ConvShape, x: Buffer, u: Buffer, out: Buffer, schedule: WinogradSchedule,
-             epilogue: Epilogue, fused: bool, isa: ISA) -> _Winograd:
-        """The nest with workspaces of its own (`allocations`)."""
+             epilogue: Epilogue, fused: bool, isa: ISA, rows: int | None = None) -> _Winograd:
+        """The nest with workspaces of its own (`allocations`), for bands of `rows` tile
+        rows (None: the whole image)."""
         m, nr = schedule.m, schedule.nr
         a = m + 2
         th, tw = tiles(shape, m)
-        panels = -(-(th * tw) // nr)
+        rows = th if rows is None else rows
+        panels = -(-(rows * tw) // nr)
         dt = x.dtype
-        xq = Buffer("wino_in", (shape.c_in, th * m + 2, m, tw + 1), dt)
+        xq = Buffer("wino_in", (shape.c_in, rows * m + 2, m, tw + 1), dt)
         # rows of whole panels (every GEMM tile stores whole vectors); the transforms
         # touch all a*a positions at once, so positions are skewed apart (`skewed_rows`)
         v = Buffer("wino_v", (a * a, skewed_rows(shape.c_in, panels * nr), panels * nr), dt)
         mm = Buffer("wino_m", (a * a, skewed_rows(shape.c_out, panels * nr), panels * nr), dt)
-        return _Winograd(shape, x, u, out, schedule, epilogue, fused, isa, xq, v, mm)
+        return _Winograd(shape, x, u, out, schedule, epilogue, fused, isa, xq, v, mm, rows)
 
     def allocations(self) -> list[Stmt]:
         """The workspaces' allocations."""
@@ -310,8 +376,13 @@ class _Winograd:
 
     def image(self, n: PrimExpr) -> Stmt:
         """The four steps on image `n`."""
-        return seq(_padded_input(self, n), *_input_transform(self), _products(self),
-                   _output_transform(self, n))
+        return self.band(n, 0)
+
+    def band(self, n: PrimExpr, ty0: int | PrimExpr) -> Stmt:
+        """The four steps on the band of image `n` from tile row `ty0` (`rows` of them,
+        fewer at the bottom; 0 and every tile row: the whole image)."""
+        return seq(_padded_input(self, n, ty0), *_input_transform(self), _products(self),
+                   _output_transform(self, n, ty0))
 
     @property
     def a(self) -> int:
@@ -325,20 +396,29 @@ class _Winograd:
 
     @property
     def t_all(self) -> int:
-        return self.tiles[0] * self.tiles[1]
+        """Tiles of a band (of the image when whole)."""
+        return self.rows * self.tiles[1]
 
     @property
     def panels(self) -> int:
         return -(-self.t_all // self.schedule.nr)
 
+    @property
+    def whole(self) -> bool:
+        """Whether the nest takes the whole image (no bands)."""
+        return self.rows == self.tiles[0]
 
-def _padded_input(nest: _Winograd, n: PrimExpr) -> Stmt:
-    """Step 1, per input channel: the zero-padded input by column phase,
-    `xq[c, r, ph, q] = x[r - top, q*m + ph - left]`."""
+
+def _padded_input(nest: _Winograd, n: PrimExpr, ty0: int | PrimExpr) -> Stmt:
+    """Step 1, per input channel: the zero-padded input by column phase of the band
+    from tile row `ty0`, `xq[c, r, ph, q] = x[r + ty0*m - top, q*m + ph - left]`."""
     shape, xq, m = nest.shape, nest.xq, nest.schedule.m
     c_in, hp, _, qn = (int(d) for d in xq.shape)  # padded rows; columns per phase
     top, left = shape.pads[0], shape.pads[1]
     zero = as_expr(0.0, nest.x.dtype)
+    # the workspace's rows that lie in the image: [lo, hi)
+    shift = top if isinstance(ty0, int) and ty0 == 0 else top - ty0 * m
+    lo, hi = _clamp(shift, hp), _clamp(shift + shape.h, hp)
 
     def pad_rows(c: PrimExpr) -> Stmt:
         def zeros(r: PrimExpr, ph: int, start: int, stop: int) -> list[Stmt]:
@@ -349,37 +429,42 @@ def _padded_input(nest: _Winograd, n: PrimExpr) -> Stmt:
             parts: list[Stmt] = []
             for ph in range(m):
                 # the q whose column q*m + ph - left lies in the image
-                lo = max(0, -(-(left - ph) // m))
-                hi = min(qn, (shape.w - 1 + left - ph) // m + 1)
+                q_lo = max(0, -(-(left - ph) // m))
+                q_hi = min(qn, (shape.w - 1 + left - ph) // m + 1)
 
                 def put(q: Var, ph: int = ph) -> Stmt:
-                    return Store(xq, nest.x[n, c, r - top, q * m + (ph - left)],
+                    return Store(xq, nest.x[n, c, r - shift, q * m + (ph - left)],
                                  (c, r, const(ph), q))
 
-                parts += [*zeros(r, ph, 0, lo), loop("q", hi - lo, put, start=lo),
-                          *zeros(r, ph, hi, qn)]
+                parts += [*zeros(r, ph, 0, q_lo), loop("q", q_hi - q_lo, put, start=q_lo),
+                          *zeros(r, ph, q_hi, qn)]
             return seq(*parts)
 
         def fill(r: Var) -> Stmt:
             return seq(*(z for ph in range(m) for z in zeros(r, ph, 0, qn)))
 
-        parts = [loop("r", top, fill)] if top else []
-        parts.append(loop("r", shape.h, copy, start=top))
-        if hp > top + shape.h:
-            parts.append(loop("r", hp - top - shape.h, fill, start=top + shape.h))
+        parts = [loop("r", lo, fill)] if not isinstance(lo, int) or lo else []
+        parts.append(loop("r", hi - lo, copy, start=lo))
+        if not isinstance(hi, int) or hp > hi:
+            parts.append(loop("r", hp - hi, fill, start=hi))
         return seq(*parts)
 
     return parallel_when(lambda: parallel_tiles((c_in,), pad_rows), c_in * hp * m * qn,
                          "element", isa=nest.isa)
 
 
+def _clamp(v: int | PrimExpr, hi: int) -> int | PrimExpr:
+    """`v` clamped to [0, hi] (an int stays one)."""
+    return max(0, min(v, hi)) if isinstance(v, int) else max_(min_(v, hi), 0)
+
+
 def _input_transform(nest: _Winograd) -> list[Stmt]:
-    """Step 2, per channel and tile row (vectors across its tiles): `V[p][c][t] =
-    (B^T d B)[p]`; the last panel's surplus columns zero."""
+    """Step 2, per channel and tile row of the band (vectors across its tiles):
+    `V[p][c][t] = (B^T d B)[p]`; the last panel's surplus columns zero."""
     m, nr, a, v, xq = nest.schedule.m, nest.schedule.nr, nest.a, nest.v, nest.xq
     bt, _, _ = matrices(m)
     c_in, dt = nest.shape.c_in, nest.x.dtype
-    th, tw = nest.tiles
+    rows, tw = nest.rows, nest.tiles[1]  # the band's tile rows (the image's when whole)
     t_all, panels = nest.t_all, nest.panels
 
     def transform_in(c: PrimExpr, ty: PrimExpr) -> Stmt:
@@ -389,7 +474,7 @@ def _input_transform(nest: _Winograd) -> list[Stmt]:
             lambda i, j, value, tx: Store(v, value, (i * a + j, c, ty * tw + tx)),
             half, lambda body: lanes_loop("tx", tw, body), "v"))
 
-    parts = [parallel_when(lambda: parallel_tiles((c_in, th), transform_in),
+    parts = [parallel_when(lambda: parallel_tiles((c_in, rows), transform_in),
                            c_in * t_all * a * a * 4, "element", isa=nest.isa)]
     if panels * nr > t_all:  # the last panel's surplus columns are zero
         zero = as_expr(0.0, dt)
@@ -418,25 +503,27 @@ def _products(nest: _Winograd) -> Stmt:
                      nest.u, b_at, nest.mm, lambda value, idx: value, isa=nest.isa)
 
 
-def _output_transform(nest: _Winograd, n: PrimExpr) -> Stmt:
-    """Step 4, per output channel and tile row (vectors across its tiles): `Y = A^T M
-    A`, interleaved into output rows on the stack, stored through the epilogue."""
+def _output_transform(nest: _Winograd, n: PrimExpr, ty0: int | PrimExpr) -> Stmt:
+    """Step 4, per output channel and tile row of the band from tile row `ty0`
+    (vectors across its tiles): `Y = A^T M A`, interleaved into output rows on the
+    stack, stored through the epilogue."""
     shape, m, a, mm = nest.shape, nest.schedule.m, nest.a, nest.mm
     _, _, at = matrices(m)
     c_out, dt = shape.c_out, nest.x.dtype
     th, tw = nest.tiles
 
-    def transform_out(oc: PrimExpr, ty: PrimExpr) -> Stmt:
+    def transform_out(oc: PrimExpr, tyl: PrimExpr) -> Stmt:
         ys = Buffer("wino_y", (m, m, tw), dt, "local")
         row = Buffer("wino_row", (m, tw * m), dt, "local")
 
         half = Buffer("wino_yh", (m, a, tw), dt, "local")
         transform = transform_2d(
-            at, lambda k, j, tx: mm[k * a + j, oc, ty * tw + tx],
+            at, lambda k, j, tx: mm[k * a + j, oc, tyl * tw + tx],
             lambda i, j, value, tx: Store(ys, value, (i, const(j), tx)),
             half, lambda body: lanes_loop("tx", tw, body), "y")
         interleave = loop("i", m, lambda i: loop("j", m, lambda j: loop(
             "tx", tw, lambda tx: Store(row, ys[i, j, tx], (i, tx * m + j)))))
+        ty = tyl if isinstance(ty0, int) and ty0 == 0 else ty0 + tyl
 
         def put(i: Var) -> Stmt:
             oh = ty * m + i
@@ -449,8 +536,12 @@ def _output_transform(nest: _Winograd, n: PrimExpr) -> Stmt:
         return seq(Allocate(ys), Allocate(row), Allocate(half), transform, interleave,
                    For(i, const(0), rows, "serial", put(i)))
 
-    return parallel_when(lambda: parallel_tiles((c_out, th), transform_out),
-                         c_out * nest.t_all * a * a * 4, "element", isa=nest.isa)
+    if nest.whole:
+        return parallel_when(lambda: parallel_tiles((c_out, th), transform_out),
+                             c_out * nest.t_all * a * a * 4, "element", isa=nest.isa)
+    # a band's own tile rows: fewer in the last band when they do not divide the image's
+    own: int | PrimExpr = nest.rows if th % nest.rows == 0 else min_(nest.rows, th - ty0)
+    return loop("oc", c_out, lambda oc: loop("ty", own, lambda tyl: transform_out(oc, tyl)))
 
 
 #: The fewest images from which a batch runs its images in parallel (each thread
@@ -460,6 +551,13 @@ def _output_transform(nest: _Winograd, n: PrimExpr) -> Stmt:
 #: the other threads (docs/performance.md, "DenseNet-121's Winograd layers at batch
 #: 8"). From 4 images two threads are balanced within one image of eight.
 MIN_PARALLEL_IMAGES = 4
+#: The most surplus a split of an image into bands (`band_rows`) may add to its products'
+#: tiles (each band's padded to whole register tiles, the last band's to whole bands), as
+#: a share of the whole image's: a 7-row image in two bands of 4 rows (1/7) passes.
+MAX_BAND_SURPLUS = 0.15
+#: The fewest output tiles of a band: each band reads the whole transformed weight, and
+#: uses each value of it for that many tiles.
+MIN_BAND_TILES = 16
 #: The fewest input and output channels the rule takes a convolution to Winograd with
 #: (unless the target's attribute `winograd` is false): from 32 channels on it beats the
 #: direct kernel (docs/performance.md, "Winograd 3x3 convolutions"); 16-channel layers

@@ -25,7 +25,8 @@ bottlenecks).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -34,6 +35,7 @@ import numpy as np
 from kiln.ir import graph as g
 from kiln.ir import weight_origin as wo
 from kiln.ir.attrs import ATTR_CONV_KERNEL, ATTR_NO_SLP
+from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
@@ -44,12 +46,20 @@ from kiln.ir.tensor import (
     Store,
     Var,
     as_expr,
+    min_,
     seq,
 )
 from kiln.ir.types import TensorType
 from kiln.kernels.conv.family import blocked_bias
 from kiln.kernels.conv.padding import padded_blocked_buffer
-from kiln.kernels.conv.winograd import skewed_rows, takes, tiles, transform_2d
+from kiln.kernels.conv.winograd import (
+    band_rows,
+    banded,
+    skewed_rows,
+    takes,
+    tiles,
+    transform_2d,
+)
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.gemm.knobs import GemmTiling
 from kiln.kernels.gemm.loop_nest import gemm_body
@@ -61,10 +71,12 @@ from kiln.kernels.tiles import (
     const,
     lanes_loop,
     loop,
+    parallel_split,
     parallel_tiles,
     parallel_when,
     tile_lanes,
     tile_registers,
+    tuned_split,
 )
 from kiln.ops import layout
 from kiln.ops.conv_geometry import ConvShape, conv_shape
@@ -104,48 +116,131 @@ def winograd_nchwc_body(shape: ConvShape, x: Buffer, up: Buffer, out: Buffer,
                         tile: tuple[int, int, int], epilogue: Epilogue, fused: bool,
                         block: int, *, isa: ISA) -> Stmt:
     """The loop nest (module docstring): `x` `[N][C/b][H][W][b]`, `up` the weight packed
-    `[a*a][O/nr][C][nr]`, `out` `[N][O/b][OH][OW][b]`, `epilogue` over its 5-D index."""
-    m, mr, nr = tile
-    bt, _, at = matrices(m)
-    a = m + 2
-    b = block
-    c_in, c_out = shape.c_in, shape.c_out
+    `[a*a][O/nr][C][nr]`, `out` `[N][O/b][OH][OW][b]`, `epilogue` over its 5-D index.
+    An image whose products are parallel work is split into bands of tile rows
+    (kiln.kernels.conv.winograd.band_rows, in register tiles of `mr` tiles), each band
+    all three steps on one thread with workspaces of its own; else each step's tiles are
+    split over the threads."""
+    m = tile[0]
     th, tw = tiles(shape, m)
-    t_all = th * tw
-    panels = int(up.shape[1])
-    dt = x.dtype
+    rows = None if tuned_split() is not None else band_rows(shape, m, tile[1], isa)
     top, left, bottom, right = shape.pads
-    # zero rows and columns past the image's padding up to the last tile's window
-    extra_h = max(0, th * m + 2 - (shape.h + top + bottom))
+    # zero rows and columns past the image's padding up to the last tile's window (the
+    # last band's: every band transforms `rows` tile rows)
+    covered = th if rows is None else -(-th // rows) * rows
+    extra_h = max(0, covered * m + 2 - (shape.h + top + bottom))
     extra_w = max(0, tw * m + 2 - (shape.w + left + right))
     xp, prologue = padded_blocked_buffer(
-        x, replace(shape, pads=(top, left, bottom + extra_h, right + extra_w)), b)
-    # the transforms touch all a*a positions at once: positions skewed apart (skewed_rows)
-    vt = Buffer("wino_vt", (a * a, skewed_rows(t_all, c_in), c_in), dt)
-    mt = Buffer("wino_mt", (a * a, skewed_rows(t_all, panels * nr), panels * nr), dt)
+        x, replace(shape, pads=(top, left, bottom + extra_h, right + extra_w)), block)
+    nest = _Nest(shape, xp, up, out, tile, epilogue, fused, block, isa,
+                 th if rows is None else rows)
+    if rows is None:
+        batch = (nest.band(const(0), 0) if isinstance(shape.n, int) and shape.n == 1
+                 else loop("n", as_expr(shape.n), lambda n: nest.band(n, 0)))
+        return seq(*prologue, *nest.allocations(), batch)
 
     def image(n: PrimExpr) -> Stmt:
+        band = Var("band", INDEX_DTYPE)
+        with parallel_split("serial"):  # each band's steps on one thread
+            body = nest.band(n, band * rows)
+        return banded(nest.workspaces, -(-th // rows), band, body)
+
+    batch = (image(const(0)) if isinstance(shape.n, int) and shape.n == 1
+             else loop("n", as_expr(shape.n), image))
+    return seq(*prologue, batch)
+
+
+@dataclass(frozen=True)
+class _Nest:
+    """The steps of one band of `rows` tile rows (every tile row: the whole image) on the
+    zero-bordered blocked input `xp`, and the workspaces they share."""
+
+    shape: ConvShape
+    xp: Buffer
+    up: Buffer
+    out: Buffer
+    tile: tuple[int, int, int]
+    epilogue: Epilogue
+    fused: bool
+    block: int
+    isa: ISA
+    rows: int
+
+    @functools.cached_property
+    def workspaces(self) -> tuple[Buffer, Buffer]:
+        """The transformed input `V^T` and the products `M^T` of a band (made once: a
+        buffer is its identity): positions skewed apart (the transforms touch all a*a
+        at once: skewed_rows)."""
+        m, _, nr = self.tile
+        a, t_band = m + 2, self.rows * tiles(self.shape, m)[1]
+        panels = int(self.up.shape[1])
+        dt = self.xp.dtype
+        return (Buffer("wino_vt", (a * a, skewed_rows(t_band, self.shape.c_in),
+                                   self.shape.c_in), dt),
+                Buffer("wino_mt", (a * a, skewed_rows(t_band, panels * nr), panels * nr), dt))
+
+    def allocations(self) -> list[Stmt]:
+        return [Allocate(b) for b in self.workspaces]
+
+    def band(self, n: PrimExpr, ty0: int | PrimExpr) -> Stmt:
+        """The three steps on the band of image `n` from tile row `ty0`."""
+        return seq(self.transform_in(n, ty0), self.products(), self.transform_out(n, ty0))
+
+    def _rows(self, extents: tuple[int, ...], body: Callable[[PrimExpr, PrimExpr], Stmt],
+              own: int | PrimExpr, work: int) -> Stmt:
+        """`body(block, tile row)` over the blocks of `extents[0]` and the band's `own`
+        tile rows: split over the threads when whole, serial in a band."""
+        if self.rows == tiles(self.shape, self.tile[0])[0]:
+            return parallel_when(lambda: parallel_tiles((extents[0], self.rows), body),
+                                 work, "element", isa=self.isa)
+        return loop("cb", extents[0], lambda cb: loop("ty", own, lambda ty: body(cb, ty)))
+
+    def transform_in(self, n: PrimExpr, ty0: int | PrimExpr) -> Stmt:
+        """Step 1 (module docstring), every tile row of the band (below the image: zero)."""
+        m, b, dt = self.tile[0], self.block, self.xp.dtype
+        bt, _, _ = matrices(m)
+        a, tw = m + 2, tiles(self.shape, m)[1]
+        vt = self.workspaces[0]
+
         def transform_in(cb: PrimExpr, ty: PrimExpr) -> Stmt:
             half = Buffer("wino_vh", (a, a, b), dt, "local")
+            row = _shifted(ty0, ty) * m
 
             def at_tile(tx: PrimExpr) -> Stmt:
                 return transform_2d(
-                    bt, lambda k, j, v: xp[n, cb, ty * m + k, tx * m + j, v],
+                    bt, lambda k, j, v: self.xp[n, cb, row + k, tx * m + j, v],
                     lambda i, j, value, v: Store(vt, value, (i * a + j, ty * tw + tx, cb * b + v)),
                     half, lambda body: lanes_loop("v", b, body), "v")
 
             return seq(Allocate(half), loop("tx", tw, at_tile))
 
-        parts = [parallel_when(lambda: parallel_tiles((c_in // b, th), transform_in),
-                               c_in * t_all * a * a * 4, "element", isa=isa)]
+        return self._rows((self.shape.c_in // b,), transform_in, self.rows,
+                          self.shape.c_in * self.rows * tw * a * a * 4)
+
+    def products(self) -> Stmt:
+        """Step 2: `M^T[p] = V^T[p] @ U^T[p]` on the GEMM kernel."""
+        m, mr, nr = self.tile
+        a, t_band = m + 2, self.rows * tiles(self.shape, m)[1]
+        vt, mt = self.workspaces
+        up = self.up
 
         def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
                  lane: PrimExpr) -> PrimExpr:
             return up[bidx[0], panel, kk, lane]
 
-        product = GemmShape((a * a,), (a * a,), (t_all,), panels * nr, c_in)
-        parts.append(gemm_body(product, GemmSchedule(GemmTiling(mr, nr), fused), vt, b_at,
-                               mt, lambda value, idx: value, isa=isa))
+        product = GemmShape((a * a,), (a * a,), (t_band,), int(up.shape[1]) * nr,
+                            self.shape.c_in)
+        return gemm_body(product, GemmSchedule(GemmTiling(mr, nr), self.fused), vt, b_at,
+                         mt, lambda value, idx: value, isa=self.isa)
+
+    def transform_out(self, n: PrimExpr, ty0: int | PrimExpr) -> Stmt:
+        """Step 3: the band's own tile rows (fewer in the last band), through the
+        epilogue; a tile's positions past the image's edges not stored."""
+        shape, m, b, dt = self.shape, self.tile[0], self.block, self.xp.dtype
+        _, _, at = matrices(m)
+        a, (th, tw) = m + 2, tiles(shape, m)
+        mt = self.workspaces[1]
+        out, epilogue = self.out, self.epilogue
 
         def transform_out(ob: PrimExpr, ty: PrimExpr) -> Stmt:
             ys = Buffer("wino_y", (m, m, b), dt, "local")
@@ -159,7 +254,7 @@ def winograd_nchwc_body(shape: ConvShape, x: Buffer, up: Buffer, out: Buffer,
 
                 def store(i: Var, j: Var) -> Stmt:
                     # one loop over the tile's positions: one copy of the epilogue's code
-                    oh, ow = ty * m + i, tx * m + j
+                    oh, ow = _shifted(ty0, ty) * m + i, tx * m + j
                     st: Stmt = lanes_loop("v", b, lambda v: Store(
                         out, epilogue(ys[i, j, v], (n, ob, oh, ow, v)), (n, ob, oh, ow, v)))
                     edges = [c for c, cut in ((oh < shape.out_h, shape.out_h % m),
@@ -173,13 +268,14 @@ def winograd_nchwc_body(shape: ConvShape, x: Buffer, up: Buffer, out: Buffer,
 
             return seq(Allocate(ys), Allocate(half), loop("tx", tw, at_tile))
 
-        parts.append(parallel_when(lambda: parallel_tiles((c_out // b, th), transform_out),
-                                   c_out * t_all * a * a * 4, "element", isa=isa))
-        return seq(*parts)
+        own = self.rows if th % self.rows == 0 else min_(self.rows, th - ty0)
+        return self._rows((shape.c_out // b,), transform_out, own,
+                          shape.c_out * self.rows * tw * a * a * 4)
 
-    batch = (image(const(0)) if isinstance(shape.n, int) and shape.n == 1
-             else loop("n", as_expr(shape.n), image))
-    return seq(*prologue, Allocate(vt), Allocate(mt), batch)
+
+def _shifted(ty0: int | PrimExpr, ty: PrimExpr) -> PrimExpr:
+    """The image's tile row of a band's tile row `ty` (the band from `ty0`)."""
+    return ty if isinstance(ty0, int) and ty0 == 0 else ty0 + ty
 
 
 @dataclass(frozen=True)
