@@ -80,7 +80,7 @@ def genai_greedy(model_dir: Path, prompt: np.ndarray, new: int, threads: int = 2
     prompt]) from the builder's folder: og.Model, og.Generator; [1, new] int64."""
     import onnxruntime_genai as og  # optional: the reference runtime
 
-    _set_threads(model_dir, threads)
+    set_threads(model_dir, threads)
     model = og.Model(str(model_dir))
     params = og.GeneratorParams(model)
     # no min_length: genai would mask the EOS logit until then, not greedy any more
@@ -92,7 +92,7 @@ def genai_greedy(model_dir: Path, prompt: np.ndarray, new: int, threads: int = 2
     return np.asarray(generator.get_sequence(0), np.int64)[None, prompt.shape[1]:]
 
 
-def _set_threads(model_dir: Path, threads: int) -> None:
+def set_threads(model_dir: Path, threads: int) -> None:
     """genai_config.json's session options: `threads` intra-op threads."""
     path = model_dir / "genai_config.json"
     config = json.loads(path.read_text())
