@@ -138,7 +138,10 @@ def _import_unifying(graph: Any, opset: int, shape_dict: dict[str, Any], dims: I
     equal (kiln.ops.assumptions), which finds every such pair, then imports again with
     each pair one variable (`s8` read as `s20`): every call then checks that the inputs
     agree, as for any variable two inputs share (docs/dynamic-shapes.md). A pair that is
-    not two of the inputs' variables is refused by a plain import, naming the node."""
+    not two of the inputs' variables is refused by a plain import, naming the node.
+    An input variable an operator's contract fixes (GroupQueryAttention's past head size,
+    which onnxruntime-genai's builder names `kv_cache_dim`: `GraphImporter.size_is`) is
+    pinned to that size and the import starts again."""
     aliases: dict[str, str] = {}
     for _ in range(2 * len(dims.names) + 1):  # each pass that goes on removes a variable
         try:
