@@ -1,8 +1,9 @@
 """Generation with a Llama-style decoder: prefill, time to first token, tokens/s, peak RSS.
 
     .venv/bin/python bench/llm.py [--hidden 512] [--layers 8] [--heads 8,2] [--vocab 32000]
-                                  [--prompt 128] [--new 64] [--threads 2] [--rounds 3]
-                                  [--precisions fp32,int4] [--write-docs]
+                                  [--ffn N] [--prompt 128] [--new 64] [--threads 2]
+                                  [--rounds 3] [--precisions fp32,int4] [--genai]
+                                  [--write-docs]
 
 The model is tests/models/hf_decoders.py's Llama (grouped-query attention, rotary
 embeddings, RMSNorm; the FFN twice the hidden size) at the size given, random weights,
@@ -20,8 +21,19 @@ two runtimes alternate and each column is the median: the time to the first toke
 prompt's prefill, one call from an empty cache, and choosing its token), decode tokens/s
 over the other tokens, and
 the process's peak RSS (MiB, ru_maxrss after the last round). Both generate the same
-tokens or the row says how many differ. onnxruntime-genai is not measured (not a
-dependency; see docs/performance.md). Asserts nothing (not a test).
+tokens or the row says how many differ.
+
+`--genai` measures onnxruntime-genai instead of plain onnxruntime, on its own files: a
+transformers LlamaForCausalLM of the same sizes (random weights, seeded;
+tests/support/genai.py) goes through onnxruntime-genai's model builder (`-p fp32` and
+`-p int4 -e cpu`: MatMulNBits at accuracy level 4, GroupQueryAttention with RoPE
+inside, SkipSimplifiedLayerNormalization), kiln compiles the builder's model.onnx as
+written, and onnxruntime-genai generates with its own `og.Generator` (greedy, its
+shared-buffer cache) in its process, kiln with `kiln.generate` on its library in its
+own; the tokens are compared with genai's. The time to the first token is the prompt's
+prefill and the first choice in both. Run with onnxruntime-genai importable (a
+dependency in requirements.txt, or PYTHONPATH=src:/path/to/genai beside the venv).
+Asserts nothing (not a test).
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +62,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "models"))
 
 import hf_decoders  # noqa: E402  (tests/models, on the path just above)
+
+from support import genai  # noqa: E402  (tests, on the path just above)
 
 DOCS = ROOT / "docs" / "performance.md"
 COLUMNS = ["precision", "runtime", "first token ms", "decode tokens/s",
@@ -72,6 +87,39 @@ def build_files(args: argparse.Namespace, where: Path) -> dict[str, Path]:
         files["int4"] = where / "llama_int4.onnx"
         onnx.save(q.model.model, files["int4"])
     return files
+
+
+def build_genai_files(args: argparse.Namespace, where: Path) -> dict[str, Path]:
+    """onnxruntime-genai's builder folders (fp32, int4) of a Llama of the sizes given."""
+    heads, kv_heads = (int(h) for h in args.heads.split(","))
+    hf = genai.save_hf_model("llama", where / "hf", vocab=args.vocab, hidden_size=args.hidden,
+                             intermediate_size=args.ffn or 2 * args.hidden,
+                             num_hidden_layers=args.layers, num_attention_heads=heads,
+                             num_key_value_heads=kv_heads,
+                             max_position_embeddings=max(256, 2 * (args.prompt + args.new)))
+    return {p: genai.build(hf, where / p, p) / "model.onnx" for p in args.precisions.split(",")}
+
+
+def _genai_step(path: Path, threads: int) -> Callable[..., Any]:
+    import onnxruntime_genai as og  # optional: --genai only
+
+    genai.set_threads(path.parent, threads)
+    model = og.Model(str(path.parent))
+
+    def generate(ids: np.ndarray, new: int, on_token: Callable[[np.ndarray], object]) -> Any:
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=ids.shape[1] + new)
+        generator = og.Generator(model, params)
+        generator.append_tokens(ids.astype(np.int32))
+        out = []
+        while not generator.is_done():
+            generator.generate_next_token()
+            token = np.asarray(generator.get_next_tokens(), np.int64)
+            on_token(token)
+            out.append(token)
+        return np.stack(out, axis=1)
+
+    return generate
 
 
 def _ort_step(path: Path, threads: int) -> Callable[..., Any]:
@@ -110,8 +158,10 @@ def _kiln_step(path: Path, threads: int) -> Callable[..., Any]:
 def child(args: argparse.Namespace) -> None:
     """One runtime on one file: `--rounds` generations, their times as JSON on stdout."""
     path = Path(args.child_file)
-    generate = (_kiln_step if args.child == "kiln" else _ort_step)(path, args.threads)
-    ids = np.random.default_rng(0).integers(0, args.vocab, (1, args.prompt)).astype(np.int64)
+    step = {"kiln": _kiln_step, "ort": _ort_step, "genai": _genai_step}[args.child]
+    generate = step(path, args.threads)
+    # above the builder's special tokens (0-2), and no stop token: every row runs --new
+    ids = np.random.default_rng(0).integers(3, args.vocab, (1, args.prompt)).astype(np.int64)
     generate(ids, 2, lambda t: None)                    # warm: first-call costs out
     rounds = []
     for _ in range(args.rounds):
@@ -145,21 +195,29 @@ def run_child(runtime: str, path: Path, args: argparse.Namespace) -> dict[str, A
     return result
 
 
+def weights_mib(path: Path) -> float:
+    """The model file's size with its external data (the builder's model.onnx.data)."""
+    data = path.with_name(path.name + ".data")
+    return (path.stat().st_size + (data.stat().st_size if data.exists() else 0)) / 2**20
+
+
 def rows_of(precision: str, path: Path, args: argparse.Namespace) -> list[list[str]]:
     """Alternating rounds of both runtimes on `path`: the two rows."""
-    results: dict[str, list[dict[str, Any]]] = {"kiln": [], "ort": []}
+    reference = "genai" if args.genai else "ort"
+    results: dict[str, list[dict[str, Any]]] = {"kiln": [], reference: []}
     for _ in range(args.rounds):
         for runtime in results:
             results[runtime].append(run_child(runtime, path, args))
-    want = np.array(results["ort"][0]["tokens"])
+    want = np.array(results[reference][0]["tokens"])
     rows = []
     for runtime, runs in results.items():
         first = float(np.median([r["rounds"][0]["first"] for r in runs])) * 1e3
         decode = float(np.median([r["rounds"][0]["decode"] for r in runs]))
-        equal = int((np.array(runs[0]["tokens"]) == want).sum())
+        got = np.array(runs[0]["tokens"])[:, :want.shape[1]]
+        equal = int((got == want[:, :got.shape[1]]).sum())
         rows.append([precision, runtime, f"{first:.1f}",
                      f"{1 / decode:.1f}", f"{np.median([r['rss_mib'] for r in runs]):.0f}",
-                     f"{path.stat().st_size / 2**20:.0f}", f"{equal}/{want.size}"])
+                     f"{weights_mib(path):.0f}", f"{equal}/{want.size}"])
         print("  ".join(f"{c:>14}" for c in rows[-1]), flush=True)
     return rows
 
@@ -170,6 +228,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--heads", default="8,2", help="query heads, key/value heads")
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--ffn", type=int, default=0, help="FFN width (default 2x hidden)")
+    parser.add_argument("--genai", action="store_true",
+                        help="onnxruntime-genai's builder files and runtime, not onnxruntime's")
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
@@ -177,7 +238,7 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,int4")
     parser.add_argument("--write-docs", action="store_true",
                         help="write the table to docs/performance.md (block 'llm')")
-    parser.add_argument("--child", choices=("kiln", "ort"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("kiln", "ort", "genai"), help=argparse.SUPPRESS)
     parser.add_argument("--child-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -187,19 +248,22 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     rows: list[list[str]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        files = build_files(args, Path(tmp))
+        files = (build_genai_files if args.genai else build_files)(args, Path(tmp))
         print("  ".join(f"{c:>14}" for c in COLUMNS))
         for precision in args.precisions.split(","):
             start = time.perf_counter()
-            kiln.compile(kiln.frontend.from_onnx(str(files[precision])),
-                         kiln.Target.from_host()).export_library(
-                             files[precision].with_suffix(".so"))
+            with warnings.catch_warnings():
+                # the builder declares a constant [1] a scalar (kiln's onnx_checker)
+                warnings.filterwarnings("ignore", "the model's value_info declares")
+                module = kiln.frontend.from_onnx(str(files[precision]))
+            kiln.compile(module, kiln.Target.from_host()).export_library(
+                files[precision].with_suffix(".so"))
             print(f"{precision}: kiln compiled and exported in "
                   f"{time.perf_counter() - start:.1f} s", flush=True)
             rows += rows_of(precision, files[precision], args)
     if args.write_docs:
         command = " ".join(["bench/llm.py", *sys.argv[1:]])
-        write_block(DOCS, "llm", [
+        write_block(DOCS, "llm_genai" if args.genai else "llm", [
             machine_line(command, describe_target(kiln.Target.from_host()), load_before,
                          os.getloadavg()[0]), "", *markdown_table(COLUMNS, rows)])
 

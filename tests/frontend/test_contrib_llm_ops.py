@@ -308,7 +308,10 @@ def _gqa_node(b: GraphBuilder, name: str, heads: int, kv: int, head: int, attrs:
         qkv = [b.input(f"q_{name}", ["batch", "seq", heads * head]),
                b.input(f"k_{name}", ["batch", "seq", kv * head]),
                b.input(f"v_{name}", ["batch", "seq", kv * head])]
-    past = [b.input(f"{p}_{name}", ["batch", kv, "past", head]) for p in ("pk", "pv")]
+    # "mk" names its head size as onnxruntime-genai's builder does (a free dimension,
+    # pinned by the op's contract at import)
+    size: int | str = "kv_cache_dim" if name == "mk" else head
+    past = [b.input(f"{p}_{name}", ["batch", kv, "past", size]) for p in ("pk", "pv")]
     caches = list(_caches(b, half)) if half else []
     b.node("GroupQueryAttention", [*qkv, *past, *lengths, *caches],
            [f"y_{name}", f"present_k_{name}", f"present_v_{name}"], domain=MS,
@@ -344,7 +347,7 @@ def gqa(request: pytest.FixtureRequest) -> tuple[onnx.ModelProto, kiln.Executabl
 
 def _gqa_feeds(model: onnx.ModelProto, rng: np.random.Generator, batch: int, seq: int,
                past: int, seqlens: list[int], total: int) -> dict[str, np.ndarray]:
-    sizes = {"batch": batch, "seq": seq, "past": past}
+    sizes = {"batch": batch, "seq": seq, "past": past, "kv_cache_dim": GQA_NODES["mk"][2]}
     feeds: dict[str, np.ndarray] = {}
     for i in model.graph.input:
         dims = [d.dim_value or sizes.get(d.dim_param, 0) for d in i.type.tensor_type.shape.dim]
@@ -372,6 +375,19 @@ def test_group_query_attention_matches_onnxruntime(gqa) -> None:  # type: ignore
                 g, w = g[valid], w[valid]
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5,
                                        err_msg=f"{out.name} {batch}x{seq} past {past}")
+
+
+def test_group_query_attention_pins_a_free_head_size(gqa) -> None:  # type: ignore[no-untyped-def]
+    """The builder's `kv_cache_dim` (the past's head size) is the node's head size:
+    imported with no pins, it is pinned (a call with another size is refused, as
+    onnxruntime refuses it)."""
+    model, exe = gqa
+    shapes = {p["name"]: p["shape"] for p in exe["main"].signature["params"]}
+    assert shapes["pk_mk"] == shapes["pv_mk"] == ["batch", 2, "past", 32]
+    feeds = _gqa_feeds(model, np.random.default_rng(2), 2, 1, 4, [2, 2], 5)
+    feeds["pk_mk"] = feeds["pv_mk"] = np.zeros((2, 2, 4, 16), np.float32)
+    with pytest.raises(CallError):
+        exe["main"](*feeds.values())
 
 
 def test_group_query_attention_refuses_seqlens_past_the_present(gqa) -> None:  # type: ignore[no-untyped-def]

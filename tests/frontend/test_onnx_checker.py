@@ -130,3 +130,24 @@ def test_cli_no_check(tmp_path) -> None:
     accepted = subprocess.run([*cmd, "--no-check"], capture_output=True, text=True, timeout=300)
     assert accepted.returncode == 0, accepted.stderr
     assert (tmp_path / "bad.so").is_file()
+
+
+def test_an_intermediate_shape_against_inference_is_ignored_like_onnxruntime() -> None:
+    # onnxruntime-genai's builder declares its constant [1] a scalar in value_info;
+    # onnxruntime merges the shapes leniently and runs the model, kiln warns and imports.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
+    one = helper.make_node("Constant", [], ["one"], name="one_node",
+                           value=numpy_helper.from_array(np.ones(1, np.float32)))
+    add = helper.make_node("Add", ["x", "one"], ["y"], name="add_node")
+    model = _model([one, add], [x], [y])
+    model.graph.value_info.append(helper.make_tensor_value_info("one", TensorProto.FLOAT, []))
+    feeds = {"x": np.arange(3, dtype=np.float32)}
+    want = ort_session(model).run(None, feeds)[0]
+    with pytest.warns(UserWarning, match=r"value_info declares .*one_node"):
+        mod = from_onnx(model)
+    np.testing.assert_array_equal(np.asarray(kiln.compile(mod, "llvm")["main"](**feeds)), want)
+    # the same model with the wrong shape on a graph output is still refused
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 4
+    with pytest.raises(FrontendError, match="full check"):
+        from_onnx(model)

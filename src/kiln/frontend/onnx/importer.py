@@ -138,17 +138,35 @@ def _import_unifying(graph: Any, opset: int, shape_dict: dict[str, Any], dims: I
     equal (kiln.ops.assumptions), which finds every such pair, then imports again with
     each pair one variable (`s8` read as `s20`): every call then checks that the inputs
     agree, as for any variable two inputs share (docs/dynamic-shapes.md). A pair that is
-    not two of the inputs' variables is refused by a plain import, naming the node."""
+    not two of the inputs' variables is refused by a plain import, naming the node.
+    An input variable an operator's contract fixes (GroupQueryAttention's past head size,
+    which onnxruntime-genai's builder names `kv_cache_dim`: `GraphImporter.size_is`) is
+    pinned to that size and the import starts again."""
     aliases: dict[str, str] = {}
-    for _ in range(len(dims.names) + 1):  # each pass that goes on removes a variable
-        with assuming_equal() as assumed:
-            module = GraphImporter(graph, opset, dims, max_fold_bytes, views).run()
+    for _ in range(2 * len(dims.names) + 1):  # each pass that goes on removes a variable
+        try:
+            with assuming_equal() as assumed:
+                module = GraphImporter(graph, opset, dims, max_fold_bytes, views).run()
+        except ContractPin as pin:  # an operator fixes the size (GraphImporter.size_is)
+            shape_dict[pin.name] = pin.size
+            dims = _input_dims(graph, shape_dict, aliases)
+            continue
         if not assumed:
             return module
         if not _equate(aliases, assumed, dims):
             break
         dims = _input_dims(graph, shape_dict, aliases)
     return GraphImporter(graph, opset, dims, max_fold_bytes, views).run()
+
+
+class ContractPin(FrontendError):
+    """An operator's contract fixes an input dimension's variable (`GraphImporter.size_is`);
+    `_import_unifying` imports again with it pinned."""
+
+    def __init__(self, name: str, size: int, where: str) -> None:
+        super().__init__(f"{where} fixes dimension {name!r} to {size}; pin it with "
+                         f'shape_dict={{"{name}": {size}}}')
+        self.name, self.size = name, size
 
 
 def _equate(aliases: dict[str, str], pairs: Sequence[tuple[str, str]], dims: InputDims
@@ -565,6 +583,18 @@ class GraphImporter:
                 raise FrontendError(f"{self._where}: {what}, which is 0")
             return
         self.input_dims.nonzero.setdefault(dim_text(size), f"{self._where}: {what}")
+
+    def size_is(self, size: Dim, value: int, what: str) -> None:
+        """The node's contract says `size` is `value`. A symbolic input dimension the user
+        left free (no shape_dict entry) is pinned to it: the import starts again with it
+        pinned (ContractPin), as onnxruntime would refuse any other size at run time.
+        Anything else is left to the operators that need the sizes equal."""
+        size = simplify_dim(size)
+        if isinstance(size, int) or dim_text(size) not in self.input_dims.vars:
+            return
+        name = dim_text(size)
+        if self.input_dims.vars[name] == size and name not in self.input_dims.bounds:
+            raise ContractPin(name, value, f"{self._where}: {what}")
 
     def call(self, op: str, *args: g.Expr, **attrs: Any) -> g.Expr:
         """Emit `op(*args, **attrs)`, folded into a Constant when every arg is constant."""

@@ -46,7 +46,6 @@ def check_onnx_model(proto: Any, views: dict[int, np.ndarray],
     gives the rank of every graph input as kiln resolved it (a shape_dict may give
     an input the shape the model omits).
     """
-    import onnx  # optional: onnx (the compiler extra)
     from onnx.checker import ValidationError  # optional: onnx (the compiler extra)
     from onnx.shape_inference import InferenceError  # optional: onnx (the compiler extra)
 
@@ -55,7 +54,7 @@ def check_onnx_model(proto: Any, views: dict[int, np.ndarray],
         _declare_ir3_initializers(proto, copy)
         _declare_ranks(copy, input_ranks)
         _contrib_default_domain_ops(copy)
-        onnx.checker.check_model(copy, full_check=True)
+        _check_lenient_value_info(copy)
     except UnicodeDecodeError:  # onnx quotes the model's bytes in its message
         raise FrontendError(
             "the ONNX model is invalid (onnx.checker, full check): its error message "
@@ -71,6 +70,34 @@ def check_onnx_model(proto: Any, views: dict[int, np.ndarray],
             f"the ONNX model is invalid (onnx.checker, full check): {text}. "
             "Fix the model, or skip this check with from_onnx(..., check=False) "
             "(CLI: kiln compile --no-check)") from exc
+
+
+def _check_lenient_value_info(copy: Any) -> None:
+    """onnx's full check of `copy`; where it fails only because the graph's `value_info`
+    declares an intermediate value's shape against inference (onnxruntime-genai's builder
+    declares its constant `[1]` a scalar), check again without those shapes, and warn.
+
+    onnxruntime merges a declared intermediate shape with the inferred one leniently (it
+    logs "Falling back to lenient merge" and runs the model); kiln infers every
+    intermediate shape itself and never reads them. The graph's inputs and outputs keep
+    their declared shapes, checked as before."""
+    import onnx  # optional: onnx (the compiler extra)
+    from onnx.shape_inference import InferenceError  # optional: onnx (the compiler extra)
+
+    try:
+        onnx.checker.check_model(copy, full_check=True)
+        return
+    except InferenceError as exc:
+        if "existing shape differ" not in str(exc) or not len(copy.graph.value_info):
+            raise
+        first = " ".join(str(exc).split())
+    for info in copy.graph.value_info:
+        if info.type.HasField("tensor_type"):
+            info.type.tensor_type.ClearField("shape")
+    onnx.checker.check_model(copy, full_check=True)
+    warnings.warn(f"the model's value_info declares intermediate shapes onnx's inference "
+                  f"contradicts ({first[:300]}); ignored, as onnxruntime ignores them",
+                  UserWarning, stacklevel=5)
 
 
 #: Operators onnxruntime registers as contrib ops in the default ONNX domain, which onnx's

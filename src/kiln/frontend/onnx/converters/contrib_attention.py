@@ -270,13 +270,17 @@ def _gqa_rotary(ctx: GraphContext, inputs: Sequence[g.Expr | None], q: g.Expr, k
 def _gqa_past(ctx: GraphContext, inputs: Sequence[g.Expr | None], k: g.Expr,
               h: _Heads) -> tuple[g.Expr, g.Expr]:
     """past_key and past_value, or empty (batch, kv, 0, head) ones when both are absent.
-    A symbolic head count or size (onnxruntime-genai's builder names the head size
-    `kv_cache_dim`) is left to the concatenation with the new rows, whose error says to
-    pin it (shape_dict)."""
+    A head count or size that is a free input dimension (onnxruntime-genai's builder
+    names the head size `kv_cache_dim`) is pinned to the attributes' (`ctx.size_is`);
+    any other symbolic one is left to the concatenation with the new rows, whose error
+    says to pin it (shape_dict)."""
     past_k, past_v = (inputs[i] if len(inputs) > i else None for i in (3, 4))
     if past_k is not None and past_v is not None:
         for name, x in (("past_key", past_k), ("past_value", past_v)):
             shape = ctx.tensor_type(x).shape
+            if len(shape) == 4:
+                ctx.size_is(shape[1], h.kv_heads, f"{name}'s axis 1 is kv_num_heads")
+                ctx.size_is(shape[3], h.head, f"{name}'s axis 3 is the head size")
             if len(shape) != 4 or any(isinstance(d, int) and d != want for d, want in
                                       ((shape[1], h.kv_heads), (shape[3], h.head))):
                 raise IRError(f"GroupQueryAttention {name} of shape {list(shape)}: (batch, "

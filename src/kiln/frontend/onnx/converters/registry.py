@@ -45,6 +45,12 @@ class GraphContext(Protocol):
         node divides by, is 0; a constant 0 fails the import."""
         ...
 
+    def size_is(self, size: Dim, value: int, what: str) -> None:
+        """The node's contract says `size` is `value`: a free symbolic input dimension
+        standing for it is pinned to `value` (the import starts again); others are left
+        to the operators that need the sizes equal."""
+        ...
+
     def const(self, data: np.ndarray | float | int, dtype: str | None = None) -> g.Expr:
         ...
 

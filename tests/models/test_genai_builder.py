@@ -1,0 +1,139 @@
+"""onnxruntime-genai's model builder as the exporter, its own generator as the reference
+(issue 61; docs/llm.md, "With onnxruntime-genai's builder").
+
+Tiny Llama, Qwen2 and Phi-3 configurations (transformers configs, one layer, hidden 64
+over 4 query and 2 key/value heads, random weights after `torch.manual_seed(0)`;
+tests/support/genai.py) go through the builder (`python -m
+onnxruntime_genai.models.builder -p fp32|int4 -e cpu`, called in this process). Each
+file is compiled by kiln as written, with no pins (its head size `kv_cache_dim` is
+pinned by GroupQueryAttention's contract, docs/onnx.md), and `kiln.generate` greedy is
+compared with onnxruntime-genai's own `og.Generator` (greedy, the same prompt, the
+builder's end-of-sequence token stopping both):
+
+- float32: the tokens are equal;
+- int4: the builder writes MatMulNBits at accuracy level 4, which onnxruntime computes
+  with the activations quantized to int8 per block and kiln in float32 (docs/llm.md,
+  "How far a 4-bit model may differ"), so a free-running sequence may part at a close
+  choice and never meet again. The agreement is taken teacher-forced, kiln's choice at
+  each position of genai's sequence, reported (`record_property`) and held to
+  INT4_AGREEMENT, the issue's 120 of 128;
+- one library exported and loaded (`export_library`, `load_module`) generates genai's
+  tokens too.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="the models are built with torch and transformers")
+pytest.importorskip("transformers", reason="the models are built with transformers")
+pytest.importorskip("onnxruntime_genai", reason="the builder and the reference generator are "
+                    "onnxruntime-genai's (requirements.txt)")
+
+import kiln
+from support import genai
+
+FAMILIES = ("llama", "qwen2", "phi3")
+PROMPT = np.random.default_rng(7).integers(3, 256, (1, 8)).astype(np.int64)
+STEPS = 32
+#: kiln's int4 choices at genai's positions: at least the issue's 120 of 128.
+INT4_AGREEMENT = 120 / 128
+
+pytestmark = pytest.mark.xdist_group("genai_builder")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    """The builder's folder of each (family, precision)."""
+    root = tmp_path_factory.mktemp("genai")
+    out = {}
+    for family in FAMILIES:
+        hf = genai.save_hf_model(family, root / family)
+        for precision in ("fp32", "int4"):
+            out[family, precision] = genai.build(hf, root / f"{family}_{precision}", precision)
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled(built: dict[tuple[str, str], Path]) -> Any:
+    """kiln's Executable of a (family, precision) build, compiled once (llvm, no pins)."""
+    exes: dict[tuple[str, str], Any] = {}
+
+    def get(key: tuple[str, str]) -> Any:
+        if key not in exes:
+            with warnings.catch_warnings():
+                # the builder declares a constant [1] a scalar in value_info (onnx_checker)
+                warnings.filterwarnings("ignore", "the model's value_info declares",
+                                        UserWarning)
+                exes[key] = kiln.compile(
+                    kiln.frontend.from_onnx(str(built[key] / "model.onnx")), "llvm")
+        return exes[key]
+
+    return get
+
+
+@pytest.fixture(scope="module", params=[(f, p) for p in ("fp32", "int4") for f in FAMILIES],
+                ids=lambda c: "-".join(c))
+def case(request: pytest.FixtureRequest, built: dict[tuple[str, str], Path], compiled: Any
+         ) -> tuple[str, Any, np.ndarray]:
+    """(precision, kiln's Executable, genai's greedy tokens) of one build."""
+    return (request.param[1], compiled(request.param),
+            genai.genai_greedy(built[request.param], PROMPT, STEPS))
+
+
+def _assert_genai_tokens(lib: Any, want: np.ndarray) -> None:
+    """`kiln.generate` greedy gives `want`; genai drops the end-of-sequence token it
+    stops at, kiln returns it as the row's last."""
+    got = np.asarray(kiln.generate(lib, PROMPT, STEPS, stop_tokens=[genai.EOS]))
+    if got.shape[1] == want.shape[1] + 1:
+        assert got[0, -1] == genai.EOS, (got, want)
+        got = got[:, :-1]
+    np.testing.assert_array_equal(got, want)
+
+
+def _teacher_forced(exe: Any, want: np.ndarray) -> np.ndarray:
+    """kiln's greedy choice after the prompt and each prefix of `want`: one call over the
+    whole sequence from an empty cache."""
+    fn = exe["main"]
+    ids = np.concatenate([PROMPT, want[:, :-1]], axis=1)
+    feeds: dict[str, np.ndarray] = {"input_ids": ids,
+                                    "attention_mask": np.ones_like(ids)}
+    for p in fn.signature["params"]:
+        if p["name"].startswith("past"):
+            feeds[p["name"]] = np.zeros([1, p["shape"][1], 0, p["shape"][3]], np.float32)
+    logits = np.asarray(fn(**feeds)[0])
+    return logits[0, PROMPT.shape[1] - 1:].argmax(-1)[None]
+
+
+def test_builder_file_compiles_with_only_the_cache_length_free(case) -> None:  # type: ignore[no-untyped-def]
+    _, exe, _ = case
+    pasts = [p for p in exe["main"].signature["params"] if p["name"].startswith("past")]
+    assert pasts and all(p["shape"][1:] == [2, "past_sequence_length", 16] for p in pasts)
+
+
+def test_greedy_tokens_match_onnxruntime_genai(case, record_property) -> None:  # type: ignore[no-untyped-def]
+    precision, exe, want = case
+    forced = _teacher_forced(exe, want)
+    agreement = float((forced == want).mean())
+    record_property("int4_agreement" if precision == "int4" else "fp32_agreement", agreement)
+    if precision == "fp32":
+        _assert_genai_tokens(exe, want)
+        assert agreement == 1.0
+    else:
+        got = np.asarray(kiln.generate(exe, PROMPT, STEPS, stop_tokens=[genai.EOS]))
+        n = min(got.shape[1], want.shape[1])
+        parted = np.flatnonzero(got[0, :n] != want[0, :n])
+        record_property("int4_free_running_equal_steps", int(parted[0]) if parted.size else n)
+        assert agreement >= INT4_AGREEMENT, (agreement, forced, want)
+
+
+def test_loaded_library_generates_genai_tokens(built, compiled, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    key = ("llama", "fp32")
+    compiled(key).export_library(tmp_path / "llama.so")
+    lib = kiln.runtime.load_module(tmp_path / "llama.so")
+    _assert_genai_tokens(lib, genai.genai_greedy(built[key], PROMPT, STEPS))
