@@ -1,22 +1,23 @@
 """onnxruntime-genai's model builder as the exporter, its own generator as the reference
 (issue 61; docs/llm.md, "With onnxruntime-genai's builder").
 
-Tiny Llama, Qwen2 and Phi-3 configurations (CASES: each family, each precision) (transformers configs, one layer, hidden 64
-over 4 query and 2 key/value heads, random weights after `torch.manual_seed(0)`;
-tests/support/genai.py) go through the builder (`python -m
-onnxruntime_genai.models.builder -p fp32|int4 -e cpu`, called in this process). Each
-file is compiled by kiln as written, with no pins (its head size `kv_cache_dim` is
-pinned by GroupQueryAttention's contract, docs/onnx.md), and `kiln.generate` greedy is
-compared with onnxruntime-genai's own `og.Generator` (greedy, the same prompt, the
-builder's end-of-sequence token stopping both):
+Tiny Llama, Qwen2 and Phi-3 configurations (CASES: each family, each precision;
+transformers configs, one layer, hidden 64 over 4 query and 2 key/value heads, random
+weights after `torch.manual_seed(0)`; tests/support/genai.py) go through the builder
+(`python -m onnxruntime_genai.models.builder -p fp32|int4 -e cpu`, called in this
+process). Each file is compiled by kiln as written, with no pins (its head size
+`kv_cache_dim` is pinned by GroupQueryAttention's contract, docs/onnx.md), and
+`kiln.generate` greedy is compared with onnxruntime-genai's own `og.Generator` (greedy,
+the same prompt, the builder's end-of-sequence token stopping both):
 
 - float32: the tokens are equal;
 - int4: the builder writes MatMulNBits at accuracy level 4, which onnxruntime computes
   with the activations quantized to int8 per block, as kiln's one-row products do, but
-  kiln's prefill sums in float32 (docs/llm.md, "How far a 4-bit model may differ"), so a free-running sequence may part at a close
-  choice and never meet again. The agreement is taken teacher-forced, kiln's choice at
-  each position of genai's sequence, reported (`record_property`) and held to
-  INT4_AGREEMENT, the issue's 120 of 128;
+  kiln's prefill sums in float32 (docs/llm.md, "How far a 4-bit model may differ"), so
+  a free-running sequence may part at a close choice and never meet again. The
+  agreement is taken teacher-forced, kiln's choice at each position of genai's
+  sequence, reported (`record_property`) and held to INT4_AGREEMENT, the issue's 120
+  of 128;
 - one library exported and loaded (`export_library`, `load_module`) generates genai's
   tokens too.
 """
