@@ -606,7 +606,8 @@ CASES: dict[str, list[OpCase]] = {
         OpCase((f32(2, 1, 9, 8, 8), f32(1, 5, 5, 8)),
                {"channels": 8, "group": 8, "strides": (2, 2), "pads": (2, 2, 2, 2)})],
     # an SE block's per-channel scale on NCHW{b}c (its vector kernel)
-    "channel_scale_nchwc": [OpCase((f32(2, 2, 3, 5, 4), f32(2, 2, 1, 1, 4)), {})],
+    "channel_scale_nchwc": [OpCase((f32(2, 2, 3, 5, 4), f32(2, 2, 1, 1, 4)), {}),
+                            OpCase((f32(2, 2, 3, 5, 4), f32(1, 2, 1, 1, 4)), {})],
 }
 
 

@@ -50,6 +50,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from kiln.errors import UsageError
 from kiln.ir import graph as g
 from kiln.ir import weight_origin as wo
@@ -311,6 +313,9 @@ class _Rewriter:
                 isinstance(a, g.Var) and a in self.region for a in c.args):
             return None  # not fed by a region (an input only reordered for a convolution)
         pattern = get_op(c.op).pattern
+        if c.op in CHANNEL_CONSTANT_OPS and self.isa.precision == "bf16" \
+                and any(isinstance(a, g.Constant) for a in c.args):
+            return self._channel_constants(c)
         if pattern in ("elemwise", "broadcast") and all(
                 isinstance(a, g.Var) and a in self.blocked and _same_or_per_channel(
                     a.type, c.ret_type) for a in c.args):
@@ -331,6 +336,46 @@ class _Rewriter:
         if c.op in POOLS and isinstance(c.args[0], g.Var) and c.args[0] in self.blocked:
             return call(POOL_NCHWC, self.blocked[c.args[0]], pool=c.op, **c.attrs)
         return None
+
+    def _channel_constants(self, c: g.Call) -> g.Call | None:
+        """`c` (elementwise) of blocked tensors of its result's type and constants of one
+        value per channel (`[C][1][1]` or `[1][C][1][1]`: DenseNet's pre-activation
+        BatchNorm, which no convolution folds) on NCHW{b}c, the constants reordered to
+        `[1][C/b][1][1][b]` (padding channels zero), or None. Only on `precision=bf16`
+        targets, where it was measured: there it keeps DenseNet-121 in NCHW{b}c regions
+        (each dense layer's BatchNorm + ReLU read NCHW, so every layer cost a reorder and
+        no region paid) and its convolutions on the bfloat16 kernel. Only ops that keep
+        zero padding channels finite (`CHANNEL_CONSTANT_OPS`): the bfloat16 kernel
+        multiplies the padding channels of a pair by zero weights, a NaN would spread."""
+        out = c.ret_type
+        if not (isinstance(out, TensorType) and out.ndim == 4
+                and isinstance(out.shape[1], int)):
+            return None
+        channels = int(out.shape[1])
+        args: list[g.Expr] = []
+        for a in c.args:
+            if isinstance(a, g.Var) and a in self.blocked and a.type == out:
+                args.append(self.blocked[a])
+            elif isinstance(a, g.Constant) and a.data.dtype == np.float32 and tuple(
+                    a.data.shape) in ((channels, 1, 1), (1, channels, 1, 1)):
+                flat = a.data.reshape(channels)
+                blocked = dw.pack_bias(flat, self.block).reshape(1, -1, 1, 1, self.block)
+                args.append(g.Constant(wo.record(blocked, wo.step(
+                    "reshape", dw.pack_bias_origin(wo.step("reshape", wo.origin_of(a.data),
+                                                        shape=(channels,)),
+                                                channels, self.block),
+                    shape=blocked.shape)), a.name))
+            else:
+                return None
+        if not any(isinstance(a, g.Var) for a in args):
+            return None
+        if c.op == "multiply" and len(args) == 2 and isinstance(args[0], g.Var) != isinstance(
+                args[1], g.Var):
+            # the hand-built vector kernel: the generic 5-D broadcast runs one element at
+            # a time (kiln.ops.channel_scale_nchwc); the Add and ReLU fuse into its store
+            x, scale = args if isinstance(args[0], g.Var) else args[::-1]
+            return call(CHANNEL_SCALE, x, scale)
+        return call(c.op, *args, **c.attrs)
 
     def _whole_blocks(self, c: g.Call) -> bool:
         """Whether `c` (a concat) joins blocked tensors along channels that fill whole
@@ -448,6 +493,8 @@ class _Rewriter:
         return call(dw.NCHWC_DEPTHWISE, x, *args, **attrs)
 
 
+#: The elementwise ops `_Rewriter._channel_constants` blocks with per-channel constants.
+CHANNEL_CONSTANT_OPS = ("multiply", "add", "subtract")
 #: The convolutions a blocked region counts (their original ops).
 WINOGRAD = "conv2d_winograd"  # kiln.ops.winograd.WINOGRAD
 CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm", "conv2d_rows", WINOGRAD)

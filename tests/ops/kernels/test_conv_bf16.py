@@ -112,3 +112,48 @@ def test_sapphirerapids_build_only() -> None:
     target = Target("llvm -mcpu=sapphirerapids -precision=bf16")
     ex = kiln.compile(from_onnx(b.model()), target)  # the object file, not linked or loaded
     assert "conv2d_nchwc_bf16" in ex.ir.script() and "kernels.o" in ex.artifacts.inspect()
+
+
+def _preactivation_model() -> Any:
+    """A DenseNet-like block: each 1x1 layer reads BatchNorm + ReLU (per-channel Mul and
+    Add, `[C][1][1]` and `[1][C][1][1]` constants) of the concat of earlier outputs."""
+    b = GraphBuilder()
+    x = b.input("x", ("N", 16, 9, 9))
+    feats = [b.op("Conv", x, b.const(_weight(32, 16, 1, 1)))]
+    for i, shape in enumerate([(32, 1, 1), (1, 48, 1, 1)]):
+        cat = feats[0] if len(feats) == 1 else b.op("Concat", *feats, axis=1)
+        scale = RNG.uniform(0.5, 1.5, shape).astype(np.float32)
+        shift = RNG.uniform(-0.5, 0.5, shape).astype(np.float32)
+        y = b.op("Relu", b.op("Add", b.op("Mul", cat, b.const(scale)), b.const(shift)))
+        if i:
+            b.node("Conv", [y, b.const(_weight(24, 48, 1, 1))], ["out"])
+        else:
+            y = b.op("Relu", b.op("Conv", y, b.const(_weight(32, 32, 1, 1))))
+            feats.append(b.op("Conv", y, b.const(_weight(16, 32, 3, 3)), pads=[1, 1, 1, 1]))
+    b.output("out", ("N", 24, 9, 9))
+    return b.model()
+
+
+@pytest.fixture(scope="module")
+def preactivation() -> tuple[Any, Any]:
+    model = _preactivation_model()
+    return kiln.compile(from_onnx(model), _bf16_host()), model
+
+
+def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
+    """The per-channel Mul/Add + ReLU between the layers run on NCHW16c as the vector
+    channel-scale kernel with the Add fused (the region reorders only its input and its
+    result), every convolution on the bfloat16 kernel; the output matches float32
+    onnxruntime at batch 1 and 2 (the batch symbolic: the constant scale is shared)."""
+    ex, model = preactivation
+    kernels = [f.attrs.get("kiln.conv_kernel") for f in ex.ir.functions.values()
+               if hasattr(f, "attrs")]
+    assert kernels.count("conv2d_nchwc_bf16") == 4  # the four layers' own kernels
+    assert sum(name.startswith("layout_transform") for name in ex.ir.functions) == 2
+    assert sum("channel_scale_nchwc_add_relu" in name for name in ex.ir.functions) == 2
+    for batch in (1, 2):
+        x = RNG.standard_normal((batch, 16, 9, 9)).astype(np.float32)
+        want = onnxruntime_outputs(model, {"x": x})[0]
+        got = np.asarray(ex["main"](x))
+        assert got.shape == want.shape
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL

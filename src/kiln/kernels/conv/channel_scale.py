@@ -129,11 +129,14 @@ class ChannelScaleNchwc:
         if store is None:
             return None
         xb, sb = store.buffers[x], store.buffers[s]
+        # a constant scale (a blocked per-channel constant, kiln.transform.nchwc_layout)
+        # is one image's, whatever the batch
+        shared = s.shape[0] == 1 and n != 1
 
         def row(i: PrimExpr, c: PrimExpr, r: PrimExpr) -> Stmt:
             def lane(q: PrimExpr, v: PrimExpr) -> Stmt:
                 idx = (i, c, r, q, v)
-                scale = sb[i, c, const(0), const(0), v]
+                scale = sb[const(0) if shared else i, c, const(0), const(0), v]
                 return Store(store.out, store.epilogue(xb[idx] * scale, idx), idx)
 
             return loop("q", w, lambda q: lanes_loop("v", b, lambda v: lane(q, v)))
