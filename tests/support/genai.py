@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +67,41 @@ def _save_tokenizer(where: Path, vocab: int) -> None:
 def build(hf_dir: Path, out: Path, precision: str) -> Path:
     """onnxruntime-genai's model builder on `hf_dir` for the CPU (`precision` "fp32" or
     "int4"), in this process (its output quieted); the folder holding model.onnx."""
-    from onnxruntime_genai.models import builder  # heavy: torch and the builder
+    with _builders_quantization():
+        from onnxruntime_genai.models import builder  # heavy: torch and the builder
 
-    extra = builder.parse_extra_options("", str(hf_dir), str(out), precision, "cpu",
-                                        str(out / "cache"), [])
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        builder.create_model("", str(hf_dir), str(out), precision, "cpu", str(out / "cache"),
-                             **extra)
+        extra = builder.parse_extra_options("", str(hf_dir), str(out), precision, "cpu",
+                                            str(out / "cache"), [])
+        with contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            builder.create_model("", str(hf_dir), str(out), precision, "cpu",
+                                 str(out / "cache"), **extra)
     return out
+
+
+@contextlib.contextmanager
+def _builders_quantization() -> Iterator[None]:
+    """The builder imports its own top-level `quantization` package (its folder is on
+    sys.path); in a suite that imported tests/quantization's modules first, that name is
+    taken. While the builder runs, the name is the builder's; the suite's comes back
+    after (each keeps its own modules)."""
+    def taken() -> dict[str, Any]:
+        return {k: sys.modules.pop(k) for k in list(sys.modules)
+                if k == "quantization" or k.startswith("quantization.")}
+
+    suites = taken()
+    mine = _BUILDER_MODULES
+    sys.modules.update(mine)
+    try:
+        yield
+    finally:
+        mine.clear()
+        mine.update(taken())
+        sys.modules.update(suites)
+
+
+#: The builder's `quantization` modules between builds (_builders_quantization).
+_BUILDER_MODULES: dict[str, Any] = {}
 
 
 def genai_greedy(model_dir: Path, prompt: np.ndarray, new: int, threads: int = 2) -> np.ndarray:

@@ -30,6 +30,7 @@ from kiln.ir import weight_origin as wo
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import AllocConst
 from kiln.ir.visitor import iter_stmts
+from kiln.runtime.native import precompile_c
 
 CONST_ALIGN = 64
 CONSTANTS_FILE = "constants.bin"
@@ -242,7 +243,10 @@ def _swap_program(artifacts: list[Any], record: dict[str, Any], prefix: str) -> 
                  and a.loader == "native"), None)
     if host is None or b"#define KILN_HOST_SWAP 1" not in bytes(host.content):
         return []
-    return program_artifacts(record, prefix, host.codegen_id, host.metadata.get("cflags", ()))
+    made = program_artifacts(record, prefix, host.codegen_id, host.metadata.get("cflags", ()))
+    for artifact in made:  # compiled meanwhile, as host.c is: a load finds the objects
+        precompile_c(artifact)
+    return made
 
 
 REPLAY_VERSION = 1
