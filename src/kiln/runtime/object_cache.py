@@ -9,8 +9,12 @@ command with the output and source paths replaced by the source's file name (wha
 the compiler records of it), the working directory (debug information records
 it), the environment variables GCC reads for its search paths and timestamps,
 and the source bytes (for an archive, also every file its compiles may include).
-Only the objects of this process are kept, in memory, least recently used first
-out beyond `MAX_BYTES`.
+The objects are kept in memory, least recently used first out beyond `MAX_BYTES`, and
+on disk under the key (`$KILN_CACHE_DIR/objects`, else `~/.cache/kiln/objects`; off
+with `KILN_CACHE=0`, as the compile cache), so a new process finds them too: the C
+every library carries beside its model (the weights check, the swap interpreter) and a
+model's host.c built again from the compile cache. Each file holds a magic, the
+SHA-256 of the object and the object: one that does not match is ignored.
 
 A compile may also be started ahead (`start`): the llvm codegen starts host.c's while
 LLVM compiles the kernels (kiln.runtime.native.precompile_c), and the `lookup` of its
@@ -77,13 +81,23 @@ def lookup(key: str) -> bytes | None:
             _objects.move_to_end(key)
             return data
         pending = _pending.pop(key, None)
-    return None if pending is None else _finish(key, *pending)
+    if pending is not None:
+        return _finish(key, *pending)
+    data = _disk_read(key)
+    if data is not None:
+        _remember(key, data)
+    return data
 
 
 def started(key: str) -> bool:
-    """Whether `key` is stored or being compiled."""
+    """Whether `key` is stored (in memory or on disk) or being compiled."""
     with _lock:
-        return key in _objects or key in _pending
+        if key in _objects or key in _pending:
+            return True
+    data = _disk_read(key)
+    if data is not None:
+        _remember(key, data)
+    return data is not None
 
 
 def start(key: str, process: subprocess.Popen[bytes], obj: Path,
@@ -112,10 +126,16 @@ def _finish(key: str, process: subprocess.Popen[bytes], obj: Path,
 
 
 def store(key: str, data: bytes) -> None:
-    """Remember `data` under `key`, dropping the least recently used beyond MAX_BYTES."""
-    global _size
+    """Remember `data` under `key`, in memory (dropping the least recently used beyond
+    MAX_BYTES) and on disk."""
     if len(data) > MAX_BYTES:
         return
+    _remember(key, data)
+    _disk_write(key, data)
+
+
+def _remember(key: str, data: bytes) -> None:
+    global _size
     with _lock:
         old = _objects.pop(key, None)
         _size += len(data) - (len(old) if old is not None else 0)
@@ -126,11 +146,56 @@ def store(key: str, data: bytes) -> None:
 
 
 def clear() -> None:
-    """Forget every object."""
+    """Forget every object, in memory and on disk."""
     global _size
     with _lock:
         _objects.clear()
         _size = 0
+    folder = _disk_folder()
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_OFF = ("0", "off", "false", "no")  # KILN_CACHE's off-like values, as the compile cache's
+_MAGIC = b"kiln-object-1\0"
+
+
+def _disk_folder() -> Path | None:
+    """Where objects are kept on disk; None when KILN_CACHE is off."""
+    if os.environ.get("KILN_CACHE", "").strip().lower() in _OFF:
+        return None
+    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "kiln")
+    return Path(root) / "objects"
+
+
+def _disk_read(key: str) -> bytes | None:
+    folder = _disk_folder()
+    if folder is None:
+        return None
+    try:
+        raw = (folder / key[:2] / key).read_bytes()
+    except OSError:
+        return None
+    head = len(_MAGIC) + 32
+    data = raw[head:]
+    if raw[:len(_MAGIC)] != _MAGIC or hashlib.sha256(data).digest() != raw[len(_MAGIC):head]:
+        return None  # damaged or another format: compiled again (and rewritten)
+    return data
+
+
+def _disk_write(key: str, data: bytes) -> None:
+    folder = _disk_folder()
+    if folder is None:
+        return
+    try:
+        (folder / key[:2]).mkdir(parents=True, exist_ok=True)
+        # written aside, then renamed: a reader sees no object or a whole one
+        tmp = folder / key[:2] / f".{key}.{os.getpid()}.{threading.get_ident()}"
+        tmp.write_bytes(_MAGIC + hashlib.sha256(data).digest() + data)
+        os.replace(tmp, folder / key[:2] / key)
+    except OSError:  # a read-only or full disk: memory only
+        pass
 
 
 __all__ = ["MAX_BYTES", "clear", "lookup", "object_key", "start", "started", "store"]
