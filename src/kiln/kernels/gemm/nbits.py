@@ -59,7 +59,7 @@ from kiln.ir.types import TensorType
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.gemm.families import choose_tile
 from kiln.kernels.gemm.micro_kernel import unflatten
-from kiln.kernels.gemm.nbits_int8 import gemv_nbits_int8
+from kiln.kernels.gemm.nbits_int8 import gemv_nbits_int8, tile_panels_of
 from kiln.kernels.registry import Family
 from kiln.kernels.tiles import (
     Epilogue,
@@ -224,12 +224,7 @@ def _gemv_tile(nest: NbitsNest, t: PrimExpr, apad: Buffer, asum: Buffer) -> Stmt
     reread the last panel and store nothing), stored through the epilogue."""
     rows = min(GEMV_PANELS, nest.panels)
     nr = nest.nr
-    lets: list[Stmt] = []
-    panels = []
-    for r in range(rows):
-        pv = Var(f"p{r}", INDEX_DTYPE)
-        lets.append(LetStmt(pv, min_(t * rows + r, nest.panels - 1)))
-        panels.append(pv)
+    lets, panels = tile_panels_of(t, rows, nest.panels)
     acc = Buffer("acc", (rows, nr), "float32", "local")
     zero = as_expr(0.0, "float32")
     init = lanes_loop("v", nr, lambda v: seq(*(Store(acc, zero, (const(r), v))

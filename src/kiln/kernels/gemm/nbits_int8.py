@@ -67,6 +67,19 @@ TileStore = Callable[[PrimExpr, int, Buffer], Stmt]
 
 
 
+def tile_panels_of(t: PrimExpr, rows: int, count: int) -> tuple[list[Stmt], list[Var]]:
+    """The panels `t * rows ...` of GEMV tile `t` as variables (the lets binding them and
+    the variables), each clamped to the last of `count` panels: a last tile's surplus
+    panels reread that panel."""
+    lets: list[Stmt] = []
+    panels: list[Var] = []
+    for r in range(rows):
+        pv = Var(f"p{r}", INDEX_DTYPE)
+        lets.append(LetStmt(pv, min_(t * rows + r, count - 1)))
+        panels.append(pv)
+    return lets, panels
+
+
 def tile_panels(isa: ISA) -> int:
     """Panels of one register tile (2 vectors a panel): 4 with 32 vector registers (8
     int32 block sums, 8 float accumulators: more independent `vpdpbusd` chains than its
@@ -198,12 +211,7 @@ def gemv_nbits_int8(nest: NbitsNest, tile_store: TileStore) -> Stmt:
     tiles = -(-nest.panels // rows)
 
     def tile(t: PrimExpr) -> Stmt:
-        lets: list[Stmt] = []
-        panels = []
-        for r in range(rows):
-            pv = Var(f"p{r}", INDEX_DTYPE)
-            lets.append(LetStmt(pv, min_(t * rows + r, nest.panels - 1)))
-            panels.append(pv)
+        lets, panels = tile_panels_of(t, rows, nest.panels)
         acc = Buffer("acc", (rows, nest.nr), "float32", "local")
         init = lanes_loop("v", nest.nr, lambda v: seq(*(
             Store(acc, _f32(0.0), (const(r), v)) for r in range(rows))))
