@@ -24,11 +24,12 @@ from support.targets import NATIVE_TARGETS, native_target
 
 
 def _lrn_model() -> onnx.ModelProto:
-    """LRN over a symbolic batch: its hand-built kernel (kiln.kernels.lrn) takes static
-    shapes only, so the symbolic build runs the tensor-expression loops."""
+    """LRN over a symbolic image height: its hand-built kernel (kiln.kernels.lrn) takes a
+    symbolic batch but static channel and image axes, so this build runs the
+    tensor-expression loops."""
     gb = GraphBuilder()
-    gb.node("LRN", [gb.input("x", ("batch", 8, 5, 5))], ["y"], size=3, name="norm1")
-    gb.output("y", ("batch", 8, 5, 5))
+    gb.node("LRN", [gb.input("x", (1, 8, "height", 5))], ["y"], size=3, name="norm1")
+    gb.output("y", (1, 8, "height", 5))
     return gb.model()
 
 
@@ -47,19 +48,20 @@ def test_compile_warns_with_node_and_pin(kind: str) -> None:
     exe, caught = _compile(model, native_target(kind))
     assert len(caught) == 1
     text = str(caught[0].message)
-    assert "node 'norm1' (LRN), kiln's lrn of [batch, 8, 5, 5]" in text
-    assert 'shape_dict={"batch": 1}' in text and "--shape batch=1" in text
+    assert "node 'norm1' (LRN), kiln's lrn of [1, 8, height, 5]" in text
+    assert 'shape_dict={"height": HEIGHT}' in text and "--shape height=HEIGHT" in text
     [entry] = exe.metadata["generic_kernels"]
-    assert entry["op"] == "lrn" and entry["pins"] == [{"name": "batch", "size": 1}]
+    assert entry["op"] == "lrn" and entry["pins"] == [{"name": "height", "size": None}]
     # the generic loops are still right, at every size
-    for batch in (1, 3):
-        data = np.random.default_rng(batch).standard_normal((batch, 8, 5, 5)).astype(np.float32)
+    for height in (5, 3):
+        data = np.random.default_rng(height).standard_normal((1, 8, height, 5)).astype(
+            np.float32)
         [expected] = onnxruntime_outputs(model, {"x": data})
         np.testing.assert_allclose(exe["main"](data), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_pinned_build_is_silent() -> None:
-    exe, caught = _compile(_lrn_model(), shape_dict={"batch": 1})
+    exe, caught = _compile(_lrn_model(), shape_dict={"height": 5})
     assert caught == []
     assert "generic_kernels" not in exe.metadata
 
@@ -70,8 +72,8 @@ def test_inspect_lists_them_from_the_exported_library(tmp_path: Path) -> None:
     exe.export_library(str(lib))
     text = cmd_inspect(str(lib), None, None)
     assert "generic kernels: 1 run their generic loops" in text
-    assert ("node 'norm1' (LRN), kiln's lrn of [batch, 8, 5, 5] -> lrn with "
-            'shape_dict={"batch": 1}') in text
+    assert ("node 'norm1' (LRN), kiln's lrn of [1, 8, height, 5] -> lrn with "
+            'shape_dict={"height": HEIGHT}') in text
     assert '"generic_kernels"' in cmd_inspect(str(lib), None, "json")
 
 
@@ -82,7 +84,7 @@ def test_cli_compile_prints_the_block(tmp_path: Path, capsys: pytest.CaptureFixt
     assert kiln_cli(["compile", str(src), "-o", str(tmp_path / "lrn.so")]) == 0
     out = capsys.readouterr().out
     assert "warning: 1 kernel(s) run their generic loops" in out
-    assert "--shape batch=1" in out
+    assert "--shape height=HEIGHT" in out
 
 
 def test_session_exposes_them_and_warns_once(tmp_path: Path) -> None:
@@ -93,8 +95,8 @@ def test_session_exposes_them_and_warns_once(tmp_path: Path) -> None:
         session = kiln.InferenceSession(str(src))
     assert [issubclass(w.category, GenericKernelWarning) for w in caught].count(True) == 1
     [entry] = session.generic_kernels
-    assert entry["node"] == "lrn" and 'shape_dict={"batch": 1}' in entry["hint"]
-    data = np.ones((2, 8, 5, 5), np.float32)
+    assert entry["node"] == "lrn" and 'shape_dict={"height": HEIGHT}' in entry["hint"]
+    data = np.ones((1, 8, 4, 5), np.float32)
     [expected] = onnxruntime_outputs(_lrn_model(), {"x": data})
     np.testing.assert_allclose(session.run(None, {"x": data})[0], expected, rtol=1e-5)
 

@@ -9,6 +9,8 @@ Eigen computes such block edges with libm's `powf` instead of its vector `pow`
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -68,3 +70,25 @@ def test_lrn_reference_equals_onnxruntime_bit_for_bit(case: tuple) -> None:
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
         np.testing.assert_array_equal(g, w, err_msg=f"output {k}")
     assert np.isnan(got[-1][1, 0, 0]).all() and (got[-1][1, 0, 1] == 1.0).all()
+
+
+@pytest.mark.parametrize("target", ["llvm", "c", "llvm -mcpu=znver4 -mattr=-avx512f"])
+def test_lrn_over_a_symbolic_batch_takes_the_hand_built_kernel(target: str) -> None:
+    """Exporters leave the batch dynamic: the kernel takes it as its outer loop's extent
+    (no GenericKernelWarning), bit for bit with onnxruntime at batch 0, 1 and 3."""
+    b = GraphBuilder()
+    b.input("x", ("batch", *SHAPE[1:]))
+    size, alpha, beta, bias = CONFIGS[0]
+    b.node("LRN", ["x"], ["y"], size=size, alpha=alpha, beta=beta, bias=bias)
+    b.output("y", ("batch", *SHAPE[1:]))
+    model = b.model(opset=13)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kiln.errors.GenericKernelWarning)
+        fn = kiln.compile(from_onnx(model), target)["main"]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    for batch in (0, 1, 3):
+        x = (np.random.default_rng(batch).standard_normal((batch, *SHAPE[1:])) * 8).astype(
+            np.float32)
+        [want] = onnxruntime_outputs(model, {"x": x}, options)
+        np.testing.assert_array_equal(np.asarray(fn(x)), want, err_msg=f"batch {batch}")

@@ -22,15 +22,20 @@ _ROUNDER, _ROUNDER_BITS = 12582912.0, 0x4B400000
 
 
 class LrnLowering:
-    """`lrn` on static float32 shapes alone (not fused); the te definition otherwise."""
+    """`lrn` on float32 alone (not fused), the batch static or symbolic and every other
+    axis static; the te definition otherwise."""
 
-    supports_symbolic = False
+    #: A symbolic batch is the extent of the kernel's outermost loop (exporters leave the
+    #: batch dynamic); the channel and image axes shape its chunks and must be static.
+    supports_symbolic = True
     fuses_producers = False
 
     def builds(self, call: g.Call) -> bool:
-        """Float32 calls (static shapes: the pass checks them)."""
+        """Float32 calls whose axes after the batch are static."""
         (arg,) = call.args
-        return getattr(arg.type, "dtype", None) == F32
+        shape = getattr(arg.type, "shape", None)
+        return getattr(arg.type, "dtype", None) == F32 and shape is not None and \
+            len(shape) >= 2 and all(isinstance(d, int) for d in shape[1:])
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
                     attrs: Mapping[str, Any], anchor: te.Tensor | None,
@@ -41,7 +46,9 @@ class LrnLowering:
         (x_t,) = args
         if result is not None or anchor is not None or x_t.dtype != F32:
             return None
-        shape = tuple(int(d) for d in x_t.shape)
+        if not all(isinstance(d, int) for d in x_t.shape[1:]):
+            return None
+        shape = tuple(x_t.shape)
         x = t.Buffer("x0", shape, F32)
         out = t.Buffer("out", shape, F32)
         return t.PrimFunc((x, out), _kernel(x, out, attrs))
@@ -116,8 +123,8 @@ def _kernel(x: t.Buffer, out: t.Buffer, attrs: Attrs) -> t.Stmt:
     between C and it): the running-sum scale of every channel into `out`, each channel
     reading the previous one, then `out = x * scale ** -beta`. Chunks are independent
     (the parallel loop); the lanes of a chunk are vector code."""
-    shape = tuple(int(d) for d in x.shape)
-    channels, rest = shape[1], shape[2:]
+    shape = x.shape  # the batch may be symbolic (LrnLowering), the rest is static
+    channels, rest = int(shape[1]), tuple(int(d) for d in shape[2:])
     n = t.Var("n", I64)
     outer = [t.Var(f"i{k}", I64) for k in range(len(rest) - 1)]
 
@@ -144,6 +151,8 @@ def _kernel(x: t.Buffer, out: t.Buffer, attrs: Attrs) -> t.Stmt:
             nest = _loop(var, extent, nest)
     else:
         nest = chunk(t.Const(0, I64), 1)
+    if not isinstance(shape[0], int):
+        return t.For(n, t.Const(0, I64), t.as_expr(shape[0], I64), "serial", nest)
     return _loop(n, shape[0], nest)
 
 
