@@ -267,8 +267,23 @@ def whisper_decoder(layers: int | None = None, vocab: int | None = None, past: b
                    ("last_hidden_state",))
 
 
+# The Llama family `llama(arch=...)` builds: transformers' configuration and causal-LM
+# class names. Each keeps rotary embeddings, RMSNorm and grouped-query attention and adds
+# its own spelling: Qwen2 biases on the q/k/v projections, Phi-3 one fused qkv_proj and
+# one fused gate_up_proj, Mistral a sliding window, Gemma a scaled embedding, GELU gates
+# and (1 + weight) norms.
+LLAMA_FAMILY = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM"),
+}
+
+
 def llama(layers: int | None = None, vocab: int | None = None, past: bool = False,
-          width: tuple[int, int, int] | None = None, eager: bool = True) -> Decoder:
+          width: tuple[int, int, int] | None = None, eager: bool = True,
+          arch: str = "llama") -> Decoder:
     """A Llama-architecture causal LM from a small configuration (hidden 256, FFN 512,
     2 layers, 8 query heads over 2 key/value heads: rotary embeddings, RMSNorm,
     grouped-query attention), with `input_ids` and `attention_mask` `[batch, seq]`.
@@ -277,15 +292,18 @@ def llama(layers: int | None = None, vocab: int | None = None, past: bool = Fals
     `past_key_i`/`past_value_i` `[batch, kv_heads, past_seq, head_dim]` (the rotary
     positions start at `past_seq`), and the model also returns the present key/values.
     `width=(hidden, heads, kv_heads)` overrides (256, 8, 2) (the FFN is twice the
-    hidden size); `eager=False` keeps transformers' default attention (SDPA)."""
+    hidden size); `eager=False` keeps transformers' default attention (SDPA). `arch`
+    picks another member of the family (`LLAMA_FAMILY`) at the same sizes; the model's
+    name is then `arch` (`qwen2_past`, ...)."""
     import torch
     import transformers
 
+    config_class, model_class = (getattr(transformers, n) for n in LLAMA_FAMILY[arch])
     hidden, heads, kv_heads = width or (256, 8, 2)
-    config = transformers.LlamaConfig(
+    config = config_class(
         vocab_size=32000, hidden_size=hidden, intermediate_size=2 * hidden,
         num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=2048)
+        max_position_embeddings=2048, head_dim=hidden // heads)
     if eager:
         _eager(config)
     if layers is not None:
@@ -302,14 +320,14 @@ def llama(layers: int | None = None, vocab: int | None = None, past: bool = Fals
 
     def build() -> Any:
         torch.manual_seed(0)
-        return _wrapped(transformers.LlamaForCausalLM(config).eval(),
-                        with_cache if past else no_cache)
+        return _wrapped(model_class(config).eval(), with_cache if past else no_cache)
 
     ids = Input("input_ids", ("batch", "seq"), "ids", config.vocab_size)
     if not past:
-        return Decoder("llama", build, (ids, Input("attention_mask", ("batch", "seq"), "mask")),
+        return Decoder(arch, build, (ids, Input("attention_mask", ("batch", "seq"), "mask")),
                        ("logits",))
-    return Decoder("llama_past", build, (ids, *_past_inputs(n_layer, kv_heads, hidden // heads)),
+    return Decoder(f"{arch}_past", build,
+                   (ids, *_past_inputs(n_layer, kv_heads, hidden // heads)),
                    ("logits", *_present_names(n_layer)))
 
 

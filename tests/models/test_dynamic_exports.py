@@ -14,7 +14,8 @@ dynamo exporter gets plain axis names (`dynamic_shapes={"input_ids": {0: "batch"
   key/value heads, rotary embeddings whose positions start at `past_seq`), and the T5
   and Whisper decoders over `encoder_hidden_states` (cross-attention recomputed from the
   encoder's states at each step, the self-attention cache fed back; T5's relative
-  position buckets, Whisper's learned positions from `past_seq`).
+  position buckets, Whisper's learned positions from `past_seq`), and the rest of the
+  Llama family as transformers writes it (Qwen2, Phi-3, Mistral, Gemma).
 
 Each model is exported and compiled once (a module-scope fixture; llvm, one case also
 c), matches onnxruntime at two sizes, and, with a cache, a greedy loop of STEPS tokens
@@ -25,13 +26,14 @@ onnxruntime's through the loop written out here. GPT-2's library also generates 
 plain C (examples/c_deploy/generate.c) the tokens `kiln.generate` gives.
 
 The suite is at its time bound, so CI runs GPT-2 with a cache with both exporters and
-the Llama, T5 and Whisper with one exporter each (`CI_PAST_CASES`: Llama and T5 with
-TorchScript, Whisper with dynamo); `KILN_FULL_MODELS=1` runs every model with both, and
-GPT-2 without a cache.
+the Llama, T5, Whisper, Qwen2 and Phi-3 with one exporter each (`CI_PAST_CASES`:
+Llama, T5 and Phi-3 with TorchScript, Whisper and Qwen2 with dynamo); `KILN_FULL_MODELS=1`
+runs every model with both (Mistral and Gemma too), and GPT-2 without a cache.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -74,6 +76,11 @@ DECODERS: dict[str, Callable[[], hf_decoders.Decoder]] = {
                                           eager=False),
     "llama_past": lambda: hf_decoders.llama(LAYERS, vocab=VOCAB, past=True,
                                             width=(*WIDTH, 2), eager=False),
+    # the rest of the Llama family (hf_decoders.LLAMA_FAMILY): Qwen2's q/k/v biases,
+    # Phi-3's fused projections, Mistral's sliding window, Gemma's scaled embedding
+    **{f"{arch}_past": functools.partial(hf_decoders.llama, LAYERS, vocab=VOCAB, past=True,
+                                         width=(*WIDTH, 2), eager=False, arch=arch)
+       for arch in ("qwen2", "phi3", "mistral", "gemma")},
     "t5_decoder_past": lambda: hf_decoders.t5_decoder(LAYERS, vocab=VOCAB, past=True,
                                                       width=WIDTH),
     "whisper_decoder_past": lambda: hf_decoders.whisper_decoder(LAYERS, vocab=VOCAB,
@@ -88,7 +95,8 @@ PAST_CASES = [(name, exporter) for name in DECODERS if name.endswith("_past")
 # TorchScript export's are tests/models/test_transformers_decoders.py's gpt2 case.
 CI_PAST_CASES = [("gpt2_past", "torchscript"), ("gpt2_past", "dynamo"),
                  ("llama_past", "torchscript"), ("t5_decoder_past", "torchscript"),
-                 ("whisper_decoder_past", "dynamo")]
+                 ("whisper_decoder_past", "dynamo"), ("qwen2_past", "dynamo"),
+                 ("phi3_past", "torchscript")]
 # The case also compiled for the c backend.
 C_CASE = ("gpt2_past", "torchscript")
 
