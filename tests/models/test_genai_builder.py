@@ -2,6 +2,7 @@
 (issue 61; docs/llm.md, "With onnxruntime-genai's builder").
 
 Tiny Llama, Qwen2 and Phi-3 configurations (CASES: each family, each precision;
+with KILN_FULL_MODELS=1 Mistral and Gemma too, every family in both precisions;
 transformers configs, one layer, hidden 64 over 4 query and 2 key/value heads, random
 weights after `torch.manual_seed(0)`; tests/support/genai.py) go through the builder
 (`python -m onnxruntime_genai.models.builder -p fp32|int4 -e cpu`, called in this
@@ -24,6 +25,7 @@ the same prompt, the builder's end-of-sequence token stopping both):
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,7 @@ pytest.importorskip("onnxruntime_genai", reason="the builder and the reference g
 import kiln
 from support import genai
 
-FAMILIES = ("llama", "qwen2", "phi3")
+FAMILIES = ("llama", "qwen2", "phi3", "mistral", "gemma")
 PROMPT = np.random.default_rng(7).integers(3, 256, (1, 8)).astype(np.int64)
 STEPS = 32
 #: kiln's int4 choices at genai's positions: at least the issue's 120 of 128.
@@ -50,7 +52,10 @@ pytestmark = pytest.mark.xdist_group("genai_builder")
 
 #: (family, precision) built and compiled: every family and both precisions, Llama in
 #: both (each compile is seconds of the suite's time, so not all six).
-CASES = (("llama", "fp32"), ("llama", "int4"), ("qwen2", "int4"), ("phi3", "fp32"))
+#: KILN_FULL_MODELS=1: every family (Mistral and Gemma too) in both precisions.
+CASES = tuple((f, p) for f in FAMILIES for p in ("fp32", "int4")) \
+    if os.environ.get("KILN_FULL_MODELS") == "1" else \
+    (("llama", "fp32"), ("llama", "int4"), ("qwen2", "int4"), ("phi3", "fp32"))
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +63,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Pat
     """The builder's folder of each case."""
     root = tmp_path_factory.mktemp("genai")
     out = {}
-    for family in FAMILIES:
+    for family in dict.fromkeys(f for f, _ in CASES):
         hf = genai.save_hf_model(family, root / family)
         for precision in ("fp32", "int4"):
             if (family, precision) in CASES:

@@ -20,13 +20,17 @@ import numpy as np
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
         "tie_word_embeddings": False}
-CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "phi3": "Phi3Config"}
-#: per family: Phi-3 without LongRoPE (the builder's Phi3MiniModel, not the LongRoPE one)
-EXTRA = {"phi3": {"original_max_position_embeddings": TINY["max_position_embeddings"]}}
+CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "phi3": "Phi3Config",
+           "mistral": "MistralConfig", "gemma": "GemmaConfig"}
+#: per family: Phi-3 without LongRoPE (the builder's Phi3MiniModel, not the LongRoPE one);
+#: Gemma's head size is its own field (256 by default), set to the others' 16
+EXTRA = {"phi3": {"original_max_position_embeddings": TINY["max_position_embeddings"]},
+         "gemma": {"head_dim": 16}}
 #: the end-of-sequence token: onnxruntime-genai stops at it, so the tests stop there too
 EOS = 2
 CAUSAL_LM = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-             "phi3": "Phi3ForCausalLM"}
+             "phi3": "Phi3ForCausalLM", "mistral": "MistralForCausalLM",
+             "gemma": "GemmaForCausalLM"}
 
 
 def save_hf_model(family: str, where: Path, vocab: int = 256, seed: int = 0,
