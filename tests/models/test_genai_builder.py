@@ -20,12 +20,15 @@ the same prompt, the builder's end-of-sequence token stopping both):
   sequence, reported (`record_property`) and held to INT4_AGREEMENT, the issue's 120
   of 128;
 - one library exported and loaded (`export_library`, `load_module`) generates genai's
-  tokens too.
+  tokens too, from Python and from a plain C program through its `{prefix}_generate_main`
+  (examples/c_deploy/generate_entry.c; GroupQueryAttention's present length is a run-time
+  dimension the C loop reads back after each call, kiln.codegen.decoder_layout).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,7 @@ pytest.importorskip("onnxruntime_genai", reason="the builder and the reference g
 
 import kiln
 from support import genai
+from support.c_programs import EXAMPLES, build_c_program
 
 FAMILIES = ("llama", "qwen2", "phi3", "mistral", "gemma")
 PROMPT = np.random.default_rng(7).integers(3, 256, (1, 8)).astype(np.int64)
@@ -90,12 +94,31 @@ def compiled(built: dict[tuple[str, str], Path]) -> Any:
     return get
 
 
+@pytest.fixture(scope="module")
+def genai_tokens(built: dict[tuple[str, str], Path]) -> Any:
+    """onnxruntime-genai's greedy tokens of a (family, precision) build, run once."""
+    tokens: dict[tuple[str, str], np.ndarray] = {}
+
+    def get(key: tuple[str, str]) -> np.ndarray:
+        if key not in tokens:
+            tokens[key] = genai.genai_greedy(built[key], PROMPT, STEPS)
+        return tokens[key]
+
+    return get
+
+
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(c))
-def case(request: pytest.FixtureRequest, built: dict[tuple[str, str], Path], compiled: Any
+def case(request: pytest.FixtureRequest, compiled: Any, genai_tokens: Any
          ) -> tuple[str, Any, np.ndarray]:
     """(precision, kiln's Executable, genai's greedy tokens) of one build."""
-    return (request.param[1], compiled(request.param),
-            genai.genai_greedy(built[request.param], PROMPT, STEPS))
+    return request.param[1], compiled(request.param), genai_tokens(request.param)
+
+
+@pytest.fixture(scope="module")
+def llama_library(compiled: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The float32 Llama build's library, exported once."""
+    return Path(compiled(("llama", "fp32")).export_library(
+        tmp_path_factory.mktemp("genai_lib") / "llama.so"))
 
 
 def _assert_genai_tokens(lib: Any, want: np.ndarray) -> None:
@@ -144,8 +167,29 @@ def test_greedy_tokens_match_onnxruntime_genai(case, record_property) -> None:  
         assert agreement >= INT4_AGREEMENT, (agreement, forced, want)
 
 
-def test_loaded_library_generates_genai_tokens(built, compiled, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    key = ("llama", "fp32")
-    compiled(key).export_library(tmp_path / "llama.so")
-    lib = kiln.runtime.load_module(tmp_path / "llama.so")
-    _assert_genai_tokens(lib, genai.genai_greedy(built[key], PROMPT, STEPS))
+def test_loaded_library_generates_genai_tokens(llama_library: Path, genai_tokens: Any
+                                               ) -> None:
+    lib = kiln.runtime.load_module(llama_library)
+    _assert_genai_tokens(lib, genai_tokens(("llama", "fp32")))
+
+
+def test_a_c_program_generates_genai_tokens(llama_library: Path, genai_tokens: Any,
+                                            tmp_path: Path) -> None:
+    """The builder's library has `kiln__generate_main` though its presents' length is a
+    run-time dimension: a C program (cc -Werror) generates 16 greedy tokens through it,
+    those of onnxruntime-genai and of kiln.generate; with genai's end-of-sequence token
+    as the stop token, a batch of two rows (the prompt twice) gives the same."""
+    program = build_c_program(EXAMPLES / "generate_entry.c", tmp_path / "generate")
+    want = genai_tokens(("llama", "fp32"))[:, :16]
+
+    def run(batch: int, stop: int) -> np.ndarray:
+        done = subprocess.run([str(program), str(llama_library), "kiln_", "main", "16",
+                               str(batch), str(stop), "0",
+                               *map(str, np.repeat(PROMPT, batch, 0).reshape(-1))],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return np.loadtxt(done.stdout.splitlines(), np.int64, ndmin=2)
+
+    assert genai.EOS not in want  # else the first run would stop early
+    np.testing.assert_array_equal(run(1, -1), want)
+    np.testing.assert_array_equal(run(2, genai.EOS), np.repeat(want, 2, 0))

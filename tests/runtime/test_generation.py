@@ -20,6 +20,7 @@ import pytest
 from onnx import TensorProto
 
 import kiln
+from kiln.codegen.decoder_layout import DecoderLayout, decoder_layout
 from support.c_programs import EXAMPLES, build_c_program
 from support.graphs import GraphBuilder
 
@@ -205,3 +206,34 @@ def test_a_decoder_with_other_inputs_has_no_c_loop(built: Any, tmp_path: Path) -
     exe, _, _ = built
     lib = ctypes.CDLL(str(exe.export_library(tmp_path / "decoder.so")))
     assert hasattr(lib, "kiln__output_shapes_main") and not hasattr(lib, "kiln__generate_main")
+
+
+def _builder_like_signature(**places: int) -> dict[str, Any]:
+    """A decoder's metadata signature as onnxruntime-genai's builder's compiles to: its
+    present's length a run-time dimension at (result, axis) `places`."""
+    past = ["batch", 2, "past", 16]
+    return {
+        "name": "main", "kind": "graph",
+        "params": [{"name": "input_ids", "kind": "tensor", "shape": ["batch", "seq"],
+                    "dtype": "int64"},
+                   {"name": "attention_mask", "kind": "tensor", "shape": ["batch", "total"],
+                    "dtype": "int64"},
+                   {"name": "past_key_values.0.key", "kind": "tensor", "shape": past,
+                    "dtype": "float32"}],
+        "results": [{"name": "logits", "kind": "tensor", "shape": ["batch", "seq", VOCAB],
+                     "dtype": "float32"},
+                    {"name": "present.0.key", "kind": "tensor",
+                     "shape": ["batch", 2, "past + seq", 16], "dtype": "float32"}],
+        "runtime_dims": [{"name": "present_length", "bound": "past + seq",
+                          "places": [{"result": places["result"], "axis": places["axis"],
+                                      "actual": "present_length"}]}]}
+
+
+def test_the_c_loop_reads_a_present_length_sized_by_data() -> None:
+    """A present whose cached length is known after the call only (GroupQueryAttention's
+    total_sequence_length) still gets the C loop, which reads it back after each call;
+    another result sized by its data (here the logits' sequence axis) gets none."""
+    layout = decoder_layout(_builder_like_signature(result=1, axis=2))
+    assert isinstance(layout, DecoderLayout) and layout.presents == (1,)
+    assert decoder_layout(_builder_like_signature(result=0, axis=1)) == (
+        "it has results sized by their data other than its presents' cached lengths")

@@ -2,9 +2,14 @@
 run by MergeCopies): the Llama export's `Unsqueeze -> Expand -> Reshape` of the key and
 value caches feeds the scores' product through a transpose and a scale, and the values'
 product directly; after the pass no expansion is left, and the attention matches
-onnxruntime over symbolic batch, query and cache lengths on llvm and c."""
+onnxruntime over symbolic batch, query and cache lengths on llvm and c. The same for
+torch's dynamo spelling: the expansion's shapes from Shape/Concat, and the keys
+transposed through a 3-D view (`Reshape [-1, t, d] -> Transpose(0, 2, 1) -> Reshape
+[b, h, d, t]`) before the scale."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import onnx
@@ -29,14 +34,34 @@ def _expanded(gb: GraphBuilder, x: str) -> str:
     return gb.op("Reshape", wide, gb.const(np.array([0, HEADS, -1, DIM], np.int64)))
 
 
-@pytest.fixture(scope="module")
-def model() -> onnx.ModelProto:
+def _dims(gb: GraphBuilder, x: str, *parts: int | tuple[int, int]) -> str:
+    """A shape tensor: an int a constant dimension, (start, end) that slice of x's shape."""
+    return gb.op("Concat", *(gb.op("Shape", x, start=p[0], end=p[1]) if isinstance(p, tuple)
+                             else gb.const(np.array([p], np.int64)) for p in parts), axis=0)
+
+
+def _dynamo_keys_t(gb: GraphBuilder, k: str) -> str:
+    """torch dynamo's `repeat_kv(k).transpose(-2, -1)`: [b, g, t, d] -> [b, g * r, d, t]."""
+    b, t = (0, 1), (2, 3)
+    wide = gb.op("Expand", gb.op("Unsqueeze", k, gb.const(np.array([2], np.int64))),
+                 _dims(gb, k, b, GROUPS, REP, t, DIM))
+    heads = gb.op("Reshape", wide, _dims(gb, k, b, HEADS, t, DIM), allowzero=1)
+    flat = gb.op("Reshape", heads, _dims(gb, k, -1, t, DIM))
+    return gb.op("Reshape", gb.op("Transpose", flat, perm=(0, 2, 1)),
+                 _dims(gb, k, b, HEADS, DIM, t))
+
+
+@functools.cache
+def _model(exporter: str) -> onnx.ModelProto:
+    """Scores and values of a GQA layer as `exporter` ("torchscript", "dynamo") spells
+    them."""
     gb = GraphBuilder()
     q = gb.input("q", ("batch", HEADS, "seq", DIM))
     k = gb.input("k", ("batch", GROUPS, "total", DIM))
     v = gb.input("v", ("batch", GROUPS, "total", DIM))
-    kt = gb.op("Mul", gb.op("Transpose", _expanded(gb, k), perm=(0, 1, 3, 2)),
-               gb.const(np.array(0.5, np.float32)))
+    kt = gb.op("Transpose", _expanded(gb, k), perm=(0, 1, 3, 2)) \
+        if exporter == "torchscript" else _dynamo_keys_t(gb, k)
+    kt = gb.op("Mul", kt, gb.const(np.array(0.5, np.float32)))
     gb.node("MatMul", [q, kt], ["scores"])
     probs = gb.op("Softmax", "scores", axis=-1)
     gb.node("MatMul", [probs, _expanded(gb, v)], ["out"])
@@ -45,15 +70,20 @@ def model() -> onnx.ModelProto:
     return gb.model(check=False)
 
 
-def test_no_expansion_is_left(model: onnx.ModelProto) -> None:
-    main = MergeCopies()(from_onnx(model))["main"]
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_no_expansion_is_left(exporter: str) -> None:
+    main = MergeCopies()(from_onnx(_model(exporter)))["main"]
     assert isinstance(main, g.Function)
     ops = [b.value.op for b in main.bindings if isinstance(b.value, g.Call)]
     assert "broadcast_to" not in ops and ops.count("matmul") == 2
+    assert "transpose" not in ops  # the keys' K^T read as transpose_b
 
 
-@pytest.mark.parametrize("kind", ["llvm", "c"])
-def test_grouped_attention_matches_onnxruntime(model: onnx.ModelProto, kind: str) -> None:
+# The dynamo spelling rewrites to the same ops as the TorchScript one: llvm only.
+@pytest.mark.parametrize("exporter, kind", [("torchscript", "llvm"), ("torchscript", "c"),
+                                            ("dynamo", "llvm")])
+def test_grouped_attention_matches_onnxruntime(exporter: str, kind: str) -> None:
+    model = _model(exporter)
     compiled = kiln.compile(from_onnx(model), Target(kind)).jit()
     rng = np.random.default_rng(61)
     for batch, seq, total in ((1, 1, 5), (2, 3, 7)):

@@ -4,8 +4,18 @@ A graph function whose signature is a decoder with a key/value cache (the roles
 kiln.generate finds by name: token ids, past/present pairs, logits, and optionally an
 attention mask, position ids and cache positions; kiln.runtime.generation.DecoderRoles)
 gets the entry `{prefix}_generate_{fn}` (kiln.codegen.host_generate). A function the
-loop cannot drive (other inputs such as encoder states, results sized by their data,
-logits other than float32 [batch, seq, vocab]) gets none: `decoder_layout` says why.
+loop cannot drive (other inputs such as encoder states, results other than the presents'
+cached lengths sized by their data, logits other than float32 [batch, seq, vocab]) gets
+none: `decoder_layout` says why.
+
+A present whose cached length is a run-time dimension is driven: onnxruntime-genai's
+builder passes GroupQueryAttention a total_sequence_length computed from the attention
+mask's shape, which kiln reads while the call runs (its present's length is
+max(past, total), checked against past + new). The loop allocates the bound (past + new,
+from `{prefix}_output_shapes_{fn}`), and after each call takes the length the packed
+entry wrote back into the present's shape as the next past's (kiln_generate.c): with
+the mask all ones over cached + new positions, as the loop gives it, that is cached +
+new, the length kiln.generate's Python loop gets.
 Read from the library metadata's signature alone, so the metadata (which names the
 entry) and host.c (which defines it) agree.
 """
@@ -44,8 +54,6 @@ class DecoderLayout:
 
 def decoder_layout(signature: Mapping[str, Any]) -> DecoderLayout | str:
     """The layout of the function with metadata `signature`, or why it has no entry."""
-    if signature.get("runtime_dims"):  # their size is known after the call only
-        return "it has results sized by their data"
     params, results = list(signature.get("params", [])), list(signature.get("results", []))
     if any(p.get("kind") != "tensor" for p in params + results):
         return "it has scalar parameters or results"
@@ -56,6 +64,11 @@ def decoder_layout(signature: Mapping[str, Any]) -> DecoderLayout | str:
         return str(exc)
     if roles.others:
         return f"it also takes {', '.join(roles.others)}"
+    why = _presents(params, results, roles)
+    if why:
+        return why
+    if not _sized_by_data_only_in_cache(signature, roles):
+        return "it has results sized by their data other than its presents' cached lengths"
     logits = results[roles.logits]
     if logits["dtype"] != "float32" or len(logits["shape"]) != 3:
         return "its logits are not float32 [batch, seq, vocab]"
@@ -69,6 +82,26 @@ def decoder_layout(signature: Mapping[str, Any]) -> DecoderLayout | str:
         return dims
     return DecoderLayout(tuple(params), tuple(results), dims, logits=roles.logits,
                          pasts=pasts, presents=roles.presents, **role)
+
+
+def _presents(params: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]],
+              roles: DecoderRoles) -> str:
+    """Why a present cannot be fed back as its past (the loop passes each present with
+    the shape the call gave it), or ""."""
+    for past, k in zip(roles.pasts, roles.presents, strict=True):
+        present = results[k]
+        if present["dtype"] != past["dtype"] or len(present["shape"]) != len(past["shape"]):
+            return (f"its result {present['name']} is not of its past {past['name']}'s "
+                    "dtype and rank")
+    return ""
+
+
+def _sized_by_data_only_in_cache(signature: Mapping[str, Any], roles: DecoderRoles) -> bool:
+    """Whether every run-time dimension (docs/abi.md, "Data-dependent output sizes")
+    sizes only presents' cached-length axes, which the loop reads back after each call."""
+    axes = dict(zip(roles.presents, roles.past_axes, strict=True))
+    return all(place.get("result") in axes and place.get("axis") == axes[place["result"]]
+               for dim in signature.get("runtime_dims", []) for place in dim.get("places", []))
 
 
 def _dims(params: Sequence[Mapping[str, Any]], role: Mapping[str, int],

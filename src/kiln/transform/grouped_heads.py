@@ -16,9 +16,11 @@ result (one query row a head in a decode step) instead of the cache. The rewrite
 in `MergeCopies` after the transposed-B rule, which has already turned attention's
 `K^T` into `transpose_b`.
 
-Not matched yet: torch's dynamo export transposes the expanded keys through a 3-D view
-(`reshape [b * h, t, d] -> transpose -> reshape [b, h, d, t]`), so there only the values'
-product reads its cache in place (TorchScript exports: both).
+torch's dynamo export transposes the expanded keys through a 3-D view
+(`reshape [b * h, t, d] -> transpose(0, 2, 1) -> reshape [b, h, d, t]`, after the
+transposed-B rule has run, which sees no transpose right under the product): that view
+is the keys' `K^T` all the same, so the product reads the expansion with `transpose_b`
+flipped, and then reads the cache in place as above.
 """
 
 from __future__ import annotations
@@ -80,22 +82,63 @@ def _expansion(var: g.Expr, defs: dict[g.Var, Any], uses: Any) -> tuple[g.Var, i
     return (kv5, rep) if all(dims_equal(x, y) is True for x, y in same) else None
 
 
+def _swapped_view(var: g.Var, defs: dict[g.Var, Any], uses: Any
+                  ) -> tuple[g.Expr, list[g.Var]] | None:
+    """(x, the view's vars) when `var` is `reshape(transpose(reshape(x, [b * h, t, d]),
+    (0, 2, 1)), [b, h, d, t])` with `x` of shape [b, h, t, d], its steps read once: x
+    with its last two axes swapped (dynamo's `K^T` of an expanded cache)."""
+    steps: list[g.Var] = []
+    x: g.Expr = var
+    for op in ("reshape", "transpose", "reshape"):
+        value = defs.get(x) if isinstance(x, g.Var) and uses[x] == 1 else None
+        if not (isinstance(value, g.Call) and value.op == op):
+            return None
+        if op == "transpose" and value.attrs.get("perm") != (0, 2, 1):
+            return None
+        assert isinstance(x, g.Var)
+        steps.append(x)
+        x = value.args[0]
+    tx, flat, out = _tensor(x), _tensor(steps[2]), _tensor(var)
+    if tx is None or flat is None or out is None or tx.ndim != 4 or flat.ndim != 3 \
+            or out.ndim != 4:
+        return None
+    # a reshape keeps the element count: with t, d and b, h in place, flat is [b * h, ...]
+    same = [(flat.shape[1], tx.shape[2]), (flat.shape[2], tx.shape[3]),
+            (out.shape[0], tx.shape[0]), (out.shape[1], tx.shape[1]),
+            (out.shape[2], tx.shape[3]), (out.shape[3], tx.shape[2])]
+    return (x, steps) if all(dims_equal(p, q) is True for p, q in same) else None
+
+
+def _operand(v: g.Call, defs: dict[g.Var, Any], uses: Any
+             ) -> tuple[g.Expr, list[tuple[g.Call, int]], list[g.Var], bool]:
+    """Product `v`'s B below the scalar ops and swapped views read only by it: (that
+    operand, the scalar ops from the product down, the vars passed, whether B is the
+    operand with its last two axes swapped)."""
+    scalars: list[tuple[g.Call, int]] = []
+    operand, dead, swapped = v.args[1], [], False
+    while isinstance(operand, g.Var) and uses[operand] == 1:
+        if (pos := _scalar(defs.get(operand))) is not None:
+            dead.append(operand)
+            scalars.append((defs[operand], pos))
+            operand = defs[operand].args[pos]
+        elif (view := _swapped_view(operand, defs, uses)) is not None:
+            operand, steps = view
+            dead += steps
+            swapped = not swapped
+        else:
+            break
+    return operand, scalars, dead, swapped
+
+
 def _rewrite(b: g.Binding, defs: dict[g.Var, Any], uses: Any
              ) -> tuple[list[g.Binding], list[g.Var]] | None:
     """The bindings that replace product `b` and the ones it leaves unread (the
-    expansion, the scalar ops on it), or None where it reads no expansion."""
+    expansion, the scalar ops and swapped views on it), or None where it reads no
+    expansion."""
     v = b.value
     if not (isinstance(v, g.Call) and v.op == "matmul" and len(v.args) == 2):
         return None
-    scalars: list[tuple[g.Call, int]] = []
-    operand = v.args[1]
-    dead: list[g.Var] = []
-    while isinstance(operand, g.Var) and uses[operand] == 1 and \
-            (pos := _scalar(defs.get(operand))) is not None:
-        dead.append(operand)
-        scalar = defs[operand]
-        scalars.append((scalar, pos))
-        operand = scalar.args[pos]
+    operand, scalars, dead, swapped = _operand(v, defs, uses)
     found = _expansion(operand, defs, uses)
     at = _tensor(v.args[0])
     if found is None or at is None or at.ndim != 4 or not isinstance(operand, g.Var):
@@ -119,7 +162,12 @@ def _rewrite(b: g.Binding, defs: dict[g.Var, Any], uses: Any
         for scalar, pos in reversed(scalars):
             args = [bnew, scalar.args[1]] if pos == 0 else [scalar.args[0], bnew]
             bnew = bind("kv", call(scalar.op, *args, **dict(scalar.attrs)))
-        m5 = bind("grouped", call("matmul", a5, bnew, **dict(v.attrs)))
+        attrs = dict(v.attrs)
+        if swapped:  # B is the expansion transposed: read it with transpose_b flipped
+            attrs["transpose_b"] = not bool(attrs.get("transpose_b"))
+            if not attrs["transpose_b"]:
+                del attrs["transpose_b"]
+        m5 = bind("grouped", call("matmul", a5, bnew, **attrs))
         mt = _tensor(m5)
         assert mt is not None
         msh = mt.shape

@@ -3,8 +3,11 @@
    kiln.generate, greedy, over a decoder function with a key/value cache. host.c describes
    the function's roles in a kiln_host_decoder (kiln.codegen.host_generate) and defines
    KILN_HOST_GENERATE. The prompt runs as one call from an empty cache, then one token a
-   row per call; each call's presents become the next call's pasts; a row that produced a
-   stop token continues with the pad token, and the loop ends when every row has. */
+   row per call; each call's presents become the next call's pasts, with the shapes the
+   call gave them (a present whose cached length is a run-time dimension, as
+   GroupQueryAttention's total_sequence_length, has its actual length written back by the
+   packed entry, docs/abi.md "Data-dependent output sizes"); a row that produced a stop
+   token continues with the pad token, and the loop ends when every row has. */
 #if defined(KILN_HOST_GENERATE)
 #include <stdlib.h>
 
@@ -96,6 +99,7 @@ typedef struct {
   int64_t* shapes;            /* KILN_HOST_GEN_RANK per argument */
   void** data;                /* each argument's buffer (the pasts' live in `past`) */
   void** past;                /* the cache, one buffer per past */
+  int64_t* past_shapes;       /* KILN_HOST_GEN_RANK per past: its shape in the next call */
   int64_t* step_ids;          /* [batch, new] this call's token ids */
   unsigned char* finished;
 } kiln_host_gen_state;
@@ -122,6 +126,7 @@ static void kiln_host_gen_free(const kiln_host_decoder* d, kiln_host_gen_state* 
   free(s->shapes);
   free(s->data);
   free(s->past);
+  free(s->past_shapes);
   free(s->step_ids);
   free(s->finished);
 }
@@ -141,26 +146,37 @@ static void kiln_host_gen_tensor(kiln_host_gen_state* s, int32_t i, void* data, 
   s->codes[i] = KILN_ARG_DLTENSOR;
 }
 
-/* Parameter `i`'s tensor for a call of `new` positions after `cached` ones: its shape
-   from the decoder's codes, its data the cache (a past) or a new buffer of its role. */
-static int32_t kiln_host_gen_param(const kiln_host_decoder* d, kiln_host_gen_state* s,
-    int32_t i, int64_t batch, int64_t cached, int64_t step_new) {
-  int64_t* shape = s->shapes + (int64_t)i * KILN_HOST_GEN_RANK;
-  int64_t bytes, r, j, rows, k;
-  int32_t dim, p;
-  void* data;
+/* Parameter `i`'s shape from the decoder's codes for a call of `new` positions after
+   `cached` ones. */
+static void kiln_host_gen_shape(const kiln_host_decoder* d, int32_t i, int64_t batch,
+    int64_t cached, int64_t step_new, int64_t* shape) {
+  int32_t dim;
   for (dim = 0; dim < d->ranks[i]; ++dim) {
     int64_t code = d->dims[(int64_t)i * KILN_HOST_GEN_RANK + dim];
     shape[dim] = code >= 0 ? code : code == KILN_HOST_GEN_BATCH ? batch
         : code == KILN_HOST_GEN_CACHED ? cached : code == KILN_HOST_GEN_NEW ? step_new
         : cached + step_new;
   }
+}
+
+/* Parameter `i`'s tensor for a call of `new` positions after `cached` ones: a past is
+   the cache with the shape its present had (s->past_shapes), any other parameter a new
+   buffer of its role with its shape from the decoder's codes. */
+static int32_t kiln_host_gen_param(const kiln_host_decoder* d, kiln_host_gen_state* s,
+    int32_t i, int64_t batch, int64_t cached, int64_t step_new) {
+  int64_t* shape = s->shapes + (int64_t)i * KILN_HOST_GEN_RANK;
+  int64_t bytes, r, j, rows, k;
+  int32_t p;
+  void* data;
   for (p = 0; p < d->n_pasts; ++p) {
     if (d->pasts[p] == i) {
+      memcpy(shape, s->past_shapes + (int64_t)p * KILN_HOST_GEN_RANK,
+          KILN_HOST_GEN_RANK * sizeof *shape);
       kiln_host_gen_tensor(s, i, s->past[p], d->ranks[i], d->dtypes[i]);
       return 0;
     }
   }
+  kiln_host_gen_shape(d, i, batch, cached, step_new, shape);
   bytes = kiln_host_gen_bytes(shape, d->ranks[i], d->dtypes[i]);
   data = s->data[i] = kiln_host_gen_alloc(bytes);
   if (data == NULL) {
@@ -220,7 +236,9 @@ static int32_t kiln_host_gen_call(const kiln_host_decoder* d, kiln_host_gen_stat
 }
 
 /* After a call: each row's token from its last position's logits, the presents kept as
-   the cache. Returns how many rows are finished. */
+   the cache with the shapes the call wrote (the actual ones where a run-time dimension
+   sizes them; the data is compact for those from the buffer's start). Returns how many
+   rows are finished. */
 static int64_t kiln_host_gen_choose(const kiln_host_decoder* d, kiln_host_gen_state* s,
     int64_t batch, const int64_t* stops, int32_t n_stop, int64_t pad, int64_t* out,
     int64_t stride) {
@@ -243,6 +261,8 @@ static int64_t kiln_host_gen_choose(const kiln_host_decoder* d, kiln_host_gen_st
     free(s->past[p]);
     s->past[p] = s->data[ri];
     s->data[ri] = NULL;
+    memcpy(s->past_shapes + (int64_t)p * KILN_HOST_GEN_RANK,
+        s->shapes + (int64_t)ri * KILN_HOST_GEN_RANK, KILN_HOST_GEN_RANK * sizeof(int64_t));
   }
   return done;
 }
@@ -262,16 +282,20 @@ static int32_t kiln_host_gen_start(const kiln_host_decoder* d, kiln_host_gen_sta
   s->shapes = (int64_t*)calloc(n * KILN_HOST_GEN_RANK, sizeof *s->shapes);
   s->data = (void**)calloc(n, sizeof *s->data);
   s->past = (void**)calloc((size_t)d->n_pasts + 1, sizeof *s->past);
+  s->past_shapes = (int64_t*)calloc(((size_t)d->n_pasts + 1) * KILN_HOST_GEN_RANK,
+      sizeof *s->past_shapes);
   s->step_ids = (int64_t*)malloc((size_t)(batch * prompt_len) * sizeof *s->step_ids);
   s->finished = (unsigned char*)calloc((size_t)batch, 1);
   if (!s->args || !s->codes || !s->tensors || !s->shapes || !s->data || !s->past
-      || !s->step_ids || !s->finished) {
+      || !s->past_shapes || !s->step_ids || !s->finished) {
     return kiln_host_fail("%s: generate: out of memory", d->name);
   }
   for (p = 0; p < d->n_pasts; ++p) {
     if ((s->past[p] = malloc(1)) == NULL) {  /* the empty cache */
       return kiln_host_fail("%s: generate: out of memory", d->name);
     }
+    kiln_host_gen_shape(d, d->pasts[p], batch, 0, 0,
+        s->past_shapes + (int64_t)p * KILN_HOST_GEN_RANK);
   }
   memcpy(s->step_ids, prompt, (size_t)(batch * prompt_len) * sizeof *s->step_ids);
   return 0;
