@@ -40,9 +40,17 @@ static const KilnCheckRegion kiln_check_regions[KILN_CHECK_COUNT] = {KILN_CHECK_
 #undef X
 /* Written at export; a chunk that the library's own swap rewrote gets its new hash
    (KILN_CHECK_REWRITTEN), so a host that checks after swapping is not refused and a
-   byte damaged after the swap is still found. Words are read and written atomically: a
-   check running beside a swap sees a chunk's old or new hash. */
+   byte damaged after the swap is still found. Words are read and written atomically
+   (where 64-bit words are lock-free): a check beside a swap sees a chunk's old or new
+   hash. */
 static uint64_t kiln_check_digests[KILN_CHECK_TOTAL] = KILN_CHECK_DIGESTS;
+#if defined(__GCC_ATOMIC_LLONG_LOCK_FREE) && __GCC_ATOMIC_LLONG_LOCK_FREE == 2
+#define KILN_CHECK_LOAD(p) __atomic_load_n(p, __ATOMIC_RELAXED)
+#define KILN_CHECK_STORE(p, v) __atomic_store_n(p, v, __ATOMIC_RELAXED)
+#else /* no lock-free 64-bit words (libatomic): a check beside a swap may see a torn one */
+#define KILN_CHECK_LOAD(p) (*(const volatile uint64_t *)(p))
+#define KILN_CHECK_STORE(p, v) (*(volatile uint64_t *)(p) = (v))
+#endif
 #endif
 
 /* How many chunks {prefix}_check_weights counts over. */
@@ -72,8 +80,7 @@ __attribute__((visibility("default"))) int64_t KILN_CHECK_WEIGHTS(int64_t first,
       uint64_t start = k * KILN_CHECK_CHUNK;
       uint64_t length = region->size - start < KILN_CHECK_CHUNK ? region->size - start
                                                                  : KILN_CHECK_CHUNK;
-      if (KILN_CHECK_HASH(base + start, length) !=
-          __atomic_load_n(&kiln_check_digests[index], __ATOMIC_RELAXED))
+      if (KILN_CHECK_HASH(base + start, length) != KILN_CHECK_LOAD(&kiln_check_digests[index]))
         return index;
     }
   }
@@ -127,11 +134,10 @@ __attribute__((visibility("hidden"))) int64_t KILN_CHECK_REWRITTEN(const void *d
         uint64_t length = region->size - start < KILN_CHECK_CHUNK ? region->size - start
                                                                    : KILN_CHECK_CHUNK;
         if (phase == 0) {
-          kiln_check_noted[i] = KILN_CHECK_HASH(base + start, length) ==
-                                __atomic_load_n(&kiln_check_digests[i], __ATOMIC_RELAXED);
+          kiln_check_noted[i] =
+              KILN_CHECK_HASH(base + start, length) == KILN_CHECK_LOAD(&kiln_check_digests[i]);
         } else if (kiln_check_noted[i]) {
-          __atomic_store_n(&kiln_check_digests[i], KILN_CHECK_HASH(base + start, length),
-                           __ATOMIC_RELAXED);
+          KILN_CHECK_STORE(&kiln_check_digests[i], KILN_CHECK_HASH(base + start, length));
           kiln_check_noted[i] = 0;
           done++;
         }
