@@ -9,7 +9,9 @@
  * dtype, in the order `{prefix}_swap_weight` lists them (the program prints that list
  * with `-` for the weights file). The library rebuilds its constants from them (the
  * transposes, panel packing and folded batch norms the compile applied) and installs
- * them; a float32 input then runs through `main` as in deploy.c.
+ * them; the weights are checked (`{prefix}_check_weights`: the swap keeps its table
+ * true, docs/runtime.md "Swapping weights"), then a float32 input runs through `main`
+ * as in deploy.c.
  */
 #include <kiln/kiln.h>
 
@@ -69,6 +71,8 @@ int main(int argc, char **argv) {
   KilnStringFunc last_error;
   KilnSwapWeightsFunc swap;
   KilnSwapWeightFunc describe;
+  int64_t (*check)(int64_t first, int64_t count);
+  int64_t (*chunks)(void);
   FILE *weights = NULL;
   DLTensor *raw;
   if (argc != 8 || parse_shape(argv[5], in_shape, &in_ndim) ||
@@ -86,6 +90,8 @@ int main(int argc, char **argv) {
   *(void **)&last_error = symbol(lib, argv[2], "_last_error");
   *(void **)&swap = symbol(lib, argv[2], "_swap_weights");
   *(void **)&describe = symbol(lib, argv[2], "_swap_weight");
+  *(void **)&check = symbol(lib, argv[2], "_check_weights");
+  *(void **)&chunks = symbol(lib, argv[2], "_weights_chunks");
   if (!entry || !last_error || !swap || !describe) {
     fprintf(stderr, "%s: no %smain or no %s_swap_weights\n", argv[1], argv[2], argv[2]);
     return 1;
@@ -109,6 +115,10 @@ int main(int argc, char **argv) {
   }
   for (i = 0; i < n; ++i) free(raw[i].data);
   free(raw);
+  if (check && chunks && check(0, chunks()) != -1) {
+    fprintf(stderr, "%s: weights damaged after the swap\n", argv[1]);
+    return 4;
+  }
   {
     DLTensor x = kiln_tensor(NULL, in_ndim, in_shape, KILN_FLOAT32);
     DLTensor y = kiln_tensor(NULL, out_ndim, out_shape, KILN_FLOAT32);

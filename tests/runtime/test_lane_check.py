@@ -15,6 +15,7 @@ import pytest
 
 from kiln.artifact import Artifact
 from kiln.artifact.integrity import LANE64, lane64, lane64_digests
+from kiln.artifact.segments import Segments
 from kiln.runtime.library import static_header
 from kiln.runtime.weights_check import check_artifact, lane_regions
 from support.toolchains import c_compiler
@@ -52,6 +53,8 @@ def checker(tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, byte
     lib.m_check_weights.restype = ctypes.c_int64
     lib.m_check_weights.argtypes = [ctypes.c_int64, ctypes.c_int64]
     lib.m_weights_chunks.restype = ctypes.c_int64
+    lib.m_rehash_weights.restype = ctypes.c_int64
+    lib.m_rehash_weights.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32]
     lib.m_region.restype = ctypes.c_void_p
     return lib, data
 
@@ -94,6 +97,42 @@ def test_a_change_within_one_lane_always_changes_the_hash():
         lane64(data[i:i + 1024]).to_bytes(8, "little") for i in range(0, 4096, 1024))
 
 
+def test_segments_hash_as_their_bytes_joined():
+    """A Segments' chunks are views of its parts, joined only across a part's end."""
+    rng = np.random.default_rng(5)
+    parts = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (3000, 10, 5000, 1)]
+    for chunk in (8, 1024, 4096, 1 << 20):
+        assert lane64_digests(Segments(parts), chunk) == lane64_digests(b"".join(parts), chunk)
+
+
+def test_the_table_follows_a_swap_and_keeps_older_damage(checker):
+    """`{prefix}_rehash_weights(data, size, phase)`: phase 0 notes the intact chunks of the
+    range, 1 after the write hashes them again; a chunk damaged before keeps its hash."""
+    lib, data = checker
+    region = lib.m_region()
+    new = bytes(range(100))
+    try:
+        assert lib.m_rehash_weights(region + 50, len(new), 0) == 0
+        ctypes.memmove(region + 50, new, len(new))
+        assert lib.m_check_weights(0, 1) == 0  # not told yet: the old table
+        assert lib.m_rehash_weights(region + 50, len(new), 1) == 1
+        assert lib.m_check_weights(0, 1) == -1
+        ctypes.memmove(region + 7, b"\xff", 1)  # damage, then another swap
+        assert lib.m_rehash_weights(region + 50, 4, 0) == 0
+        ctypes.memmove(region + 50, b"abcd", 4)
+        assert lib.m_rehash_weights(region + 50, 4, 1) == 0  # not re-hashed
+        assert lib.m_check_weights(0, 1) == 0
+        assert lib.m_rehash_weights(region + SIZE - 2, 4, 0) == -2  # past the weights
+        assert lib.m_rehash_weights(region, 4, 2) == -2
+    finally:  # back to the exported bytes and table, through the bytes the table holds
+        ctypes.memmove(region, data, SIZE)
+        ctypes.memmove(region + 50, new, len(new))
+        lib.m_rehash_weights(region, SIZE, 0)
+        ctypes.memmove(region, data, SIZE)
+        lib.m_rehash_weights(region, SIZE, 1)
+        assert lib.m_check_weights(0, 1) == -1
+
+
 def test_a_record_of_another_hash_falls_back_to_the_sha256s():
     assert lane_regions(None, {"hash": "kiln.lane64/2"}, "x.so") is None
     assert lane_regions(None, None, "x.so") is None
@@ -103,3 +142,4 @@ def test_the_static_header_declares_the_check():
     text = static_header({"weights_check": {"hash": LANE64}}, "m_", "m.h", "m.a")
     assert "int64_t m__check_weights(int64_t first, int64_t count);" in text
     assert "int64_t m__weights_chunks(void);" in text
+    assert "int64_t m__rehash_weights(const void *data, uint64_t size, int32_t phase);" in text

@@ -408,3 +408,55 @@ def test_gathered_sliced_and_scalar_weights_swap_in_c(tmp_path, monkeypatch):
         monkeypatch.setattr(swap, "native_entry", lambda _lib: None)
         lib.swap_weights(new)
         assert lib["main"](x).tobytes() == got.tobytes()
+
+
+# ------------------------------------ the weights check after a swap (kiln_check.c)
+@pytest.fixture(scope="module")
+def check_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/runtime/swap_check.c, built with `cc -Werror` (skips without a cc)."""
+    c_compiler()
+    return build_c_program(Path(__file__).with_name("swap_check.c"),
+                           tmp_path_factory.mktemp("swap_check") / "swap_check")
+
+
+def constants_delta(lib: Any) -> int:
+    """Where the constants start, in bytes past the exported `{prefix}_blob` symbol."""
+    symbol = str(swap.replay_record(lib)[0].metadata["symbol"])
+    return swap.constants_address(lib, symbol) - ctypes.addressof(
+        ctypes.c_uint8.in_dll(lib.cdll, f"{lib.prefix}_blob"))
+
+
+@pytest.mark.parametrize("mode", ["embedded", "external"])
+def test_a_c_host_checks_after_swapping(check_program, built, mode, tmp_path):
+    """swap then `{prefix}_check_weights` -> intact; a byte flipped after -> its chunk."""
+    with load_module(built[mode]) as lib:
+        entry = swap.native_entry(lib)
+        assert entry is not None
+        delta = constants_delta(lib) + 5
+    with open(tmp_path / "raw.bin", "wb") as f:
+        for name in entry[1]:
+            f.write(np.ascontiguousarray(NEW[name]).tobytes())
+    extra = [f"{built[mode]}.weights"] if mode == "external" else []
+    run = subprocess.run([str(check_program), str(built[mode]), "kiln_", str(tmp_path / "raw.bin"),
+                          str(delta), *extra], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["before -1", "swap 0 ", "after -1", "damaged 0"]
+
+
+def test_the_numpy_swap_keeps_the_check_true_and_damage_found(built, monkeypatch):
+    """The Python loader's own install (no swap program) updates the library's table as
+    the C swap does; a chunk damaged before a swap stays damaged after it."""
+    monkeypatch.setattr(swap, "native_entry", lambda _lib: None)
+    with load_module(built["embedded"], verify_weights=False) as lib:
+        check = ctypes_abi.bind(lib.cdll, "kiln__check_weights", "check_weights")
+        chunks = ctypes_abi.bind(lib.cdll, "kiln__weights_chunks", "weights_chunks")()
+        assert check(0, chunks) == -1
+        lib.swap_weights(NEW)
+        assert check(0, chunks) == -1
+        symbol = str(swap.replay_record(lib)[0].metadata["symbol"])
+        address = swap.constants_address(lib, symbol)
+        with swap._writable(address, 8):
+            ctypes.c_uint8.from_address(address + 5).value ^= 0x40
+        assert check(0, chunks) == 0
+        lib.swap_weights(OLD)  # the damaged chunk keeps its old hash: still refused
+        assert check(0, chunks) == 0

@@ -159,18 +159,32 @@ def lane64(data: BytesLike) -> int:
 
 
 def _chunks(data: BytesLike | Segments, chunk_size: int) -> Iterator[BytesLike]:
+    """The `chunk_size` pieces of `data` as views of its memory; only a chunk that spans
+    two of a Segments' parts is joined (a copy of one chunk, never of a whole part: the
+    pieces are all taken at once by the thread pool, and a part may be gigabytes)."""
     if not isinstance(data, Segments):
         view = _view(data)
         yield from (view[i:i + chunk_size] for i in range(0, len(view), chunk_size))
         return
-    buf = bytearray()
+    pending: list[memoryview] = []  # the start of a chunk that spans parts
+    have = 0
     for part in data.parts():
-        buf += part
-        while len(buf) >= chunk_size:
-            yield bytes(buf[:chunk_size])
-            del buf[:chunk_size]
-    if buf:
-        yield bytes(buf)
+        pos = 0
+        if pending:
+            pos = min(chunk_size - have, len(part))
+            pending.append(part[:pos])
+            have += pos
+            if have < chunk_size:
+                continue
+            yield b"".join(pending)
+            pending, have = [], 0
+        while len(part) - pos >= chunk_size:
+            yield part[pos:pos + chunk_size]
+            pos += chunk_size
+        if pos < len(part):
+            pending, have = [part[pos:]], len(part) - pos
+    if pending:
+        yield b"".join(pending)
 
 
 def lane64_digests(data: BytesLike | Segments, chunk_size: int = CHUNK_SIZE) -> bytes:

@@ -75,10 +75,12 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     # {prefix}_map_weights_fd(fd): map an external weights file (kiln_weights.c).
     "map_weights_fd": (ctypes.c_int32, [ctypes.c_int32]),
     # kiln_hash64.c, kiln_check.c (kiln.runtime.weights_check): {prefix}_hash64(data, n),
-    # {prefix}_check_weights(first, count), {prefix}_weights_chunks().
+    # {prefix}_check_weights(first, count), {prefix}_weights_chunks(),
+    # {prefix}_rehash_weights(data, size, phase).
     "hash64": (ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_uint64]),
     "check_weights": (ctypes.c_int64, [ctypes.c_int64, ctypes.c_int64]),
     "weights_chunks": (ctypes.c_int64, []),
+    "rehash_weights": (ctypes.c_int64, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32]),
 }
 
 

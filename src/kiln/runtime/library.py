@@ -527,6 +527,9 @@ def static_header(metadata: Mapping[str, Any], prefix: str, header_name: str,
             f"int64_t {prefix}_check_weights(int64_t first, int64_t count);",
             f"int64_t {prefix}_weights_chunks(void);",
             f"uint64_t {prefix}_hash64(const void *data, uint64_t n);",
+            "/* A swap of the library's own rewrites these bytes of the weights: phase 0",
+            " * before, 1 after (docs/runtime.md, \"Swapping weights\"). */",
+            f"int64_t {prefix}_rehash_weights(const void *data, uint64_t size, int32_t phase);",
             "",
         ]
     if metadata.get("profile"):

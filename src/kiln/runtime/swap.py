@@ -23,7 +23,9 @@ or `unknown` (made by a transform that records no replay: the library cannot swa
    of the library's pages, of the same bytes: the file is not changed), then the
    library's call guard holds new calls and waits for the running ones
    (kiln.runtime.lifetime), the new constants are copied in, and calls resume. A call
-   sees the old or the new weights, never a mix.
+   sees the old or the new weights, never a mix. Either way the library's weights check
+   (`{prefix}_check_weights`, kiln_check.c) learns the new chunks' hashes, those of the
+   chunks that were intact before: a check after the swap passes, damage is still found.
 """
 
 from __future__ import annotations
@@ -366,11 +368,25 @@ def swap_weights(module: Module, source: Any) -> None:
     lib.run_weight_checks()  # a pending lazy check must see the weights it was made for
     address = constants_address(lib, str(artifact.metadata["symbol"]))
     size = int(record["size"])
+    rewritten = _check_follower(lib)
     with _writable(address, size), lib.calls_paused():
         view = np.frombuffer(memoryview((ctypes.c_uint8 * size).from_address(address)),
                              np.uint8)
+        for offset, data in pieces:  # the check's table follows, as in the C swap
+            rewritten(address + offset, data.nbytes, 0)
         for offset, data in pieces:
             view[offset:offset + data.size] = data
+        for offset, data in pieces:
+            rewritten(address + offset, data.nbytes, 1)
+
+
+def _check_follower(lib: Any) -> Any:
+    """`{prefix}_rehash_weights(data, size, phase)` of `lib` (kiln_check.c): phase 0
+    before a swap writes, 1 after; a no-op for a library without the weights check."""
+    try:
+        return ctypes_abi.bind(lib.cdll, f"{lib.prefix}_rehash_weights", "rehash_weights")
+    except AttributeError:
+        return lambda _data, _size, _phase: 0
 
 
 __all__ = ["REPLAY_VERSION", "check_source", "constants_address", "native_entry",

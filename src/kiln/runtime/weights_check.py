@@ -5,7 +5,10 @@ Export (`check_artifact`): the kiln.lane64 hash (kiln.artifact.integrity.lane64,
 `kiln_hash64.c`) of each 4 MiB chunk of every native data artifact (the weights),
 written as a table into `kiln_check.c`, which the library links; they export
 `{prefix}_check_weights(first, count)` (-1: those chunks match),
-`{prefix}_weights_chunks()` and `{prefix}_hash64`.
+`{prefix}_weights_chunks()`, `{prefix}_hash64` and `{prefix}_rehash_weights(data, size,
+phase)` (the table follows a swap: the chunks it rewrote that were intact before get
+their new hashes; the library's own C swap calls its hidden twin
+`{prefix}_check_rewritten`, kiln_swap_run.c; the numpy swap, kiln.runtime.swap, this).
 The blob's metadata gets `weights_check` (docs/format.md "The weights check record"):
 the hash's name, the chunk size, the chunk count and the regions in table order.
 
@@ -30,7 +33,13 @@ from kiln.runtime import ctypes_abi
 from kiln.runtime.native import include_dir
 
 # Their signatures are kiln.runtime.ctypes_abi.SIGNATURES.
-CHECK_EXPORTS = ("hash64", "check_weights", "weights_chunks")
+CHECK_EXPORTS = ("hash64", "check_weights", "weights_chunks", "rehash_weights")
+
+
+def rewritten_symbol(prefix: str) -> str:
+    """The hidden entry of `kiln_check.c` that the library's own C swap calls after it
+    installed constants (kiln_swap_run.c: KILN_SWAP_REWRITTEN)."""
+    return f"{prefix}_check_rewritten"
 
 
 def check_symbols(prefix: str) -> list[str]:
@@ -53,6 +62,8 @@ def check_artifact(data: Sequence[Artifact], prefix: str
     lines = [f"#define KILN_CHECK_HASH {prefix}_hash64",
              f"#define KILN_CHECK_WEIGHTS {prefix}_check_weights",
              f"#define KILN_CHECK_CHUNKS {prefix}_weights_chunks",
+             f"#define KILN_CHECK_REHASH {prefix}_rehash_weights",
+             f"#define KILN_CHECK_REWRITTEN {rewritten_symbol(prefix)}",
              f"#define KILN_CHECK_COUNT {len(data)}",
              "#define KILN_CHECK_REGIONS " + " ".join(
                  f"X({s}, {a.size}ULL)" for s, a in zip(symbols, data)),
@@ -112,4 +123,5 @@ def _chunk_checker(check: Any, first: int) -> Callable[[int], bool]:
     return intact
 
 
-__all__ = ["CHECK_EXPORTS", "LaneRegion", "check_artifact", "check_symbols", "lane_regions"]
+__all__ = ["CHECK_EXPORTS", "LaneRegion", "check_artifact", "check_symbols", "lane_regions",
+           "rewritten_symbol"]

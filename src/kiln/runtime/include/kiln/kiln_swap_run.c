@@ -16,6 +16,8 @@
  *   KILN_SWAP_RUN     `{prefix}_swap_run` (hidden; host.c holds a weak stand-in)
  *   KILN_SWAP_PAUSE   `{prefix}_swap_pause`, KILN_SWAP_RESUME `{prefix}_swap_resume`
  *   KILN_SWAP_CONSTS  `{prefix}_consts`
+ *   KILN_SWAP_REWRITTEN `{prefix}_check_rewritten` (kiln_check.c, hidden; absent from a
+ *                     library without the weights check: a weak reference)
  */
 #if defined(__linux__) && !defined(KILN_NO_THREADS) /* else host.c's stand-in answers */
 #ifndef _GNU_SOURCE
@@ -500,7 +502,30 @@ static int kiln_swap_spans(uintptr_t lo, uintptr_t hi, kiln_swap_span* spans) {
   return covered == hi - lo ? n : -1;
 }
 
-/* Write the built constants into the library's, while no kernel runs. */
+#if defined(KILN_SWAP_REWRITTEN)
+/* The weights check's table follows the swap (kiln_check.c): phase 0 before the writes,
+   1 after; absent (NULL) in a library without the check. */
+KILN_SWAP_VISIBLE __attribute__((weak)) int64_t KILN_SWAP_REWRITTEN(const void* data,
+                                                                   uint64_t size,
+                                                                   int32_t phase);
+#endif
+
+/* The weights check's `phase` for every built constant (see KILN_SWAP_REWRITTEN). */
+static void kiln_swap_rewritten(kiln_swap_array* built, const int64_t* offsets, int64_t n,
+                                uintptr_t start, int32_t phase) {
+#if defined(KILN_SWAP_REWRITTEN)
+  int64_t k;
+  for (k = 0; k < n && KILN_SWAP_REWRITTEN; ++k)
+    KILN_SWAP_REWRITTEN((const uint8_t*)start + offsets[k],
+                        (uint64_t)built[k].n * kiln_swap_itemsize(built[k].dtype), phase);
+#else
+  (void)built, (void)offsets, (void)n, (void)start, (void)phase;
+#endif
+}
+
+/* Write the built constants into the library's, while no kernel runs; the weights
+   check's table learns the new hashes of the chunks that were intact
+   ({prefix}_check_weights after a swap: -1 unless a byte was damaged). */
 static int32_t kiln_swap_install(kiln_swap_state* run, kiln_swap_array* built,
                                  const int64_t* offsets, int64_t n, int64_t size) {
   kiln_swap_span spans[KILN_SWAP_SPANS];
@@ -517,9 +542,11 @@ static int32_t kiln_swap_install(kiln_swap_state* run, kiln_swap_array* built,
   if (done == count) {
     madvise((void*)lo, hi - lo, KILN_SWAP_POPULATE_WRITE); /* the private copies now */
     KILN_SWAP_PAUSE(); /* host.c's call guard: no kernel runs until resume */
+    kiln_swap_rewritten(built, offsets, n, start, 0);
     for (k = 0; k < n; ++k)
       memcpy((uint8_t*)start + offsets[k], built[k].data,
              (size_t)built[k].n * kiln_swap_itemsize(built[k].dtype));
+    kiln_swap_rewritten(built, offsets, n, start, 1);
     KILN_SWAP_RESUME();
   }
   for (i = 0; i < done; ++i)
