@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from kiln.artifact.weights_file import read_header
 from kiln.codegen import constants
 from kiln.runtime import load_module
 from kiln.runtime.data_object import SHF_X86_64_LARGE
+from support.c_programs import EXAMPLES, build_c_program
 from support.graphs import GraphBuilder
 from support.processes import run_python
 from support.reference import onnxruntime_outputs
@@ -187,8 +189,10 @@ def external_tensor(name: str, dims: list[int], offset: int) -> onnx.TensorProto
 
 
 def tiled_table_model(folder: Path) -> tuple[Path, np.ndarray, np.ndarray]:
-    """`y = Gather(table, i) + bias` saved with its weights as external data (the table,
-    then the bias past 2 GiB); returns the model's path, the block and the bias."""
+    """`y = Gather(table, int64(i)) + bias` saved with its weights as external data (the
+    table, then the bias past 2 GiB); returns the model's path, the block and the bias.
+    The row numbers come in as float32 (exact below 2^24) so that plain C's
+    examples/c_deploy/deploy.c, which feeds one float32 tensor, runs it too."""
     rng = np.random.default_rng(60)
     block = rng.standard_normal((PERIOD, TABLE_COLS), dtype=np.float32)
     bias = rng.standard_normal(TABLE_COLS, dtype=np.float32)
@@ -199,7 +203,7 @@ def tiled_table_model(folder: Path) -> tuple[Path, np.ndarray, np.ndarray]:
         bias_at = f.tell()
         f.write(bias)
     gb = GraphBuilder()
-    index = gb.input("i", [len(ROWS)], TensorProto.INT64)
+    index = gb.op("Cast", gb.input("i", [len(ROWS)]), to=TensorProto.INT64)
     table = gb.const(external_tensor("table", [TABLE_ROWS, TABLE_COLS], 0))
     rows = gb.op("Gather", table, index)
     gb.node("Add", [rows, gb.const(external_tensor("bias", [TABLE_COLS], bias_at))], ["y"])
@@ -254,8 +258,9 @@ except Exception as e:
 @pytest.mark.slow
 def test_a_pool_past_two_gib(tmp_path, monkeypatch):
     """A 2.02 GiB pool, compiled once, exported embedded and external, loaded in a fresh
-    process: the rows at and past 2 GiB, the bias after the table, the section sizes,
-    the weights file's offsets and the check's chunk table past 512 chunks."""
+    process and from plain C (deploy.c): the rows at and past 2 GiB, the bias after the
+    table, the section sizes, the weights file's offsets and the check's chunk table
+    past 512 chunks."""
     if why := room_for_the_pool(tmp_path):
         pytest.skip(f"a 2 GiB pool needs {POOL_ROOM >> 30} GiB of disk and memory: {why}")
     monkeypatch.setenv("KILN_CACHE", "0")  # the cache would hash and store 2 GiB again
@@ -280,14 +285,22 @@ def test_a_pool_past_two_gib(tmp_path, monkeypatch):
                 sizes = large_sections(so)
                 assert max(n for s, n in sizes.items() if s.startswith(section)) \
                     >= tensor.size, sizes
-        np.save(tmp_path / "i.npy", np.array(ROWS, np.int64))
+        np.save(tmp_path / "i.npy", np.array(ROWS, np.float32))
+        want = block[np.array(ROWS) % PERIOD] + bias
+        deploy = build_c_program(EXAMPLES / "deploy.c", tmp_path / "deploy")
+        np.array(ROWS, np.float32).tofile(tmp_path / "i.bin")
+        for so in (embedded, external):  # plain C: maps the .weights, checks, runs
+            subprocess.run([str(deploy), str(so), "kiln_", str(tmp_path / "i.bin"),
+                            str(len(ROWS)), str(tmp_path / "y.bin"),
+                            f"{len(ROWS)},{TABLE_COLS}"], check=True, timeout=300)
+            np.testing.assert_array_equal(
+                np.fromfile(tmp_path / "y.bin", np.float32).reshape(want.shape), want, so.name)
         flip_at = tensor.offset + (1 << 31) + 5 * 4 * TABLE_COLS + 7  # row 2^17 + 5
         run = run_python(LOAD_RUN, str(embedded), str(external), str(flip_at), str(tmp_path))
         assert run.returncode == 0, run.stderr[-3000:]
         chunks = -(-tensor.size // CHUNK_SIZE)
         assert f"embedded {chunks}\nexternal {chunks}\n" in run.stdout
         assert "refused" in run.stdout and "damaged" in run.stdout, run.stdout
-        want = block[np.array(ROWS) % PERIOD] + bias
         for name in ("embedded", "external"):
             np.testing.assert_array_equal(np.load(tmp_path / f"{name}.npy"), want)
     finally:
