@@ -149,6 +149,13 @@ def test_four_and_a_half_gib_of_weights(tmp_path):
     for so in libraries:
         with load_module(so) as lib:
             np.testing.assert_allclose(lib["main"](x), ref, rtol=1e-4, atol=1e-4)
+    deploy = build_c_program(EXAMPLES / "deploy.c", tmp_path / "deploy")
+    x.tofile(tmp_path / "x.bin")
+    for so in libraries:  # plain C: maps the .weights, checks the chunks, runs
+        subprocess.run([str(deploy), str(so), "kiln_", str(tmp_path / "x.bin"), "4,16384",
+                        str(tmp_path / "y.bin"), "4,16384"], check=True, timeout=600)
+        np.testing.assert_allclose(np.fromfile(tmp_path / "y.bin", np.float32).reshape(4, -1),
+                                   ref, rtol=1e-4, atol=1e-4)
     # The object's `.lrodata.kiln__blob` is `.lrodata` in the linked library.
     assert any(n.startswith(".lrodata") for n in large_sections(libraries[0]))
 
