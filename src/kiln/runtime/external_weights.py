@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING, Any
 from kiln.artifact.artifact import Artifact
 from kiln.artifact.integrity import DIGEST_SIZE, chunk_count
 from kiln.artifact.segments import Content
-from kiln.artifact.weights_file import ALIGN, WeightsHeader, read_header, write_weights
+from kiln.artifact.weights_file import (
+    ALIGN,
+    HUGE_ALIGN,
+    WeightsHeader,
+    read_header,
+    write_weights,
+)
 from kiln.errors import FormatError, MissingFileError, UsageError
 from kiln.runtime import ctypes_abi
 from kiln.runtime.memory_library import is_memory_path
@@ -84,7 +90,11 @@ def export_weights(hashed: Sequence[tuple[Artifact, int, bytes]], prefix: str,
         (tensor_name(a, data), a.content, chunk, digests) for a, chunk, digests in hashed]
     header = write_weights(weights_path, items)
     symbols = [str(a.metadata["symbol"]) for a in data]
-    regions = " ".join(f"X({s}, {t.size}ULL, {max(ALIGN, -(-t.size // ALIGN) * ALIGN)}ULL)"
+    # Regions as aligned as their tensors' offsets (weights_file.HUGE_ALIGN): a 2 MiB
+    # folio of the file then maps with one page-table entry (the library's load address
+    # is aligned to its largest section alignment).
+    align = HUGE_ALIGN if any(t.size >= HUGE_ALIGN for t in header.tensors) else ALIGN
+    regions = " ".join(f"X({s}, {t.size}ULL, {max(align, -(-t.size // align) * align)}ULL)"
                        for s, t in zip(symbols, header.tensors))
     hash_init = ", ".join(f"0x{b:02x}" for b in bytes.fromhex(header.content_hash))
     lines = [f"#define KILN_WEIGHTS_MAP {prefix}_map_weights",
@@ -93,7 +103,7 @@ def export_weights(hashed: Sequence[tuple[Artifact, int, bytes]], prefix: str,
              f"#define KILN_WEIGHTS_HASH {{{hash_init}}}",
              f"#define KILN_WEIGHTS_COUNT {len(data)}",
              f"#define KILN_WEIGHTS_REGIONS {regions}",
-             f"#define KILN_WEIGHTS_ALIGN {ALIGN}",
+             f"#define KILN_WEIGHTS_ALIGN {align}",
              *(["#define KILN_WEIGHTS_LARGE 1"] if any(a.metadata.get("large") for a in data)
                else []), ""]
     source = "\n".join(lines) + (Path(include_dir()) / "kiln" / "kiln_weights.c").read_text()
