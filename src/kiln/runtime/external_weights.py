@@ -14,7 +14,10 @@ keyed by the hash holds one read-only mapping of it, which every library of
 that hash maps its regions from (the same page-cache pages: the weights cost
 memory once) and which is verified once, lazily per `verify_weights`, against
 the chunk hashes of its index. A file whose header, version, size or hash
-differs is refused with a FormatError before any function is bound.
+differs is refused with a FormatError before any function is bound. A library
+whose file differs from an open one in part (a batch-1 and a batch-32 build)
+maps the 64 KiB chunks the two indexes share from the open file
+(`lend_chunks`), its own file only for the rest.
 """
 
 from __future__ import annotations
