@@ -20,11 +20,11 @@ symbolic) is ONE build serving both batches: its row loads it once and calls it 
 batch 1 and 32. Memory is that of the mappings of the weights files (the Rss and
 Pss of the /proc/self/smaps entries backed by a `.weights` file: the libraries'
 regions and the loader's own mapping), not the activations of a batch-32 call;
-"one build's file" is the size of one build's weights file, "raw" the model's float
-initializers. Each figure is the median of 3 processes (a host short of memory may
-reclaim clean file pages of one library while the other runs). RSS counts a page
-once per mapping: two libraries' regions over the same pages count twice there,
-once in PSS.
+"one build's file" is the bytes of one build's weights (its file's tensors), "raw"
+the model's float initializers. Each figure is the median of 3 processes (a host
+short of memory may reclaim clean file pages of one library while the other runs).
+RSS counts a page once per mapping: two libraries' regions over the same pages
+count twice there, once in PSS.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import numpy as np
 from doc_table import cpu_name
 
 import kiln
+from kiln.artifact.weights_file import read_header
 from kiln.ir import IRBuilder
 from kiln.ir import graph as g
 
@@ -128,7 +129,11 @@ def model_rows(names: list[str], folder: Path) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in names:
         libs, shape, raw = model_builds(name, folder)
-        pool = os.path.getsize(str(libs["b1"]) + ".weights") / 2**20
+        fd = os.open(str(libs["b1"]) + ".weights", os.O_RDONLY)
+        try:  # the tensors' bytes (the file has holes where they are aligned)
+            pool = sum(t.size for t in read_header(fd, "b1").tensors) / 2**20
+        finally:
+            os.close(fd)
         cases = {"b1 + b32 (pinned)": [f"{libs['b1']}@1", f"{libs['b32']}@32"],
                  "symbolic (one build), b1 and b32": [f"{libs['symbolic']}@1,32"]}
         for label, args in cases.items():
