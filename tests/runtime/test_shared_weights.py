@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 import kiln
 from kiln.artifact.integrity import DIGEST_SIZE
@@ -26,6 +26,7 @@ from kiln.artifact.weights_file import read_header
 from kiln.errors import FormatError
 from kiln.frontend.onnx import from_onnx
 from kiln.runtime import external_weights, load_module
+from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 
 RNG = np.random.default_rng(60)
@@ -36,13 +37,13 @@ BATCHES = (1, 32)
 
 def model() -> onnx.ModelProto:
     """y = Gather(TABLE, ids) @ WEIGHT, the batch (ids' length) symbolic."""
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "ids"], ["rows"]),
-         helper.make_node("MatMul", ["rows", "weight"], ["y"])], "shared",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])],
-        [numpy_helper.from_array(TABLE, "table"), numpy_helper.from_array(WEIGHT, "weight")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = GraphBuilder()
+    b.consts({"table": TABLE, "weight": WEIGHT})
+    b.input("ids", ["batch"], TensorProto.INT64)
+    b.node("Gather", ["table", "ids"], ["rows"])
+    b.node("MatMul", ["rows", "weight"], ["y"])
+    b.output("y", ["batch", 32])
+    return b.model(name="shared")
 
 
 @pytest.fixture(scope="module")
