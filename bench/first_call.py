@@ -20,7 +20,9 @@ cache), loads it and times:
 - the warm call: the median of `--repeat` calls after the first.
 
 Prints the CPU, then per mode the medians of load ms, first call ms and warm ms, their
-first/warm, and the median of each process's own first/warm (steadier on a busy host).
+first/warm, the median of each process's own first/warm (steadier on a busy host), and
+the median of each process's CPU-time first/warm (the process's CPU seconds during the
+call, the check's threads included: what a shared host's other jobs do not inflate).
 Asserts nothing.
 """
 
@@ -58,16 +60,20 @@ if mode.startswith("lazy+idle"):
     check = lib.get_function("main", query_imports=False).c_func.check
     check.join()
     t1 = time.perf_counter()
-first_start = time.perf_counter()
+first_start, cpu_start = time.perf_counter(), time.process_time()
 lib["main"](x)
 first = time.perf_counter() - first_start
-warm = []
+first_cpu = time.process_time() - cpu_start
+warm, warm_cpu = [], []
 for _ in range(repeat):
-    s = time.perf_counter()
+    s, c = time.perf_counter(), time.process_time()
     lib["main"](x)
     warm.append(time.perf_counter() - s)
+    warm_cpu.append(time.process_time() - c)
 print(json.dumps({"load_ms": (t1 - t0) * 1e3, "first_ms": first * 1e3,
-                  "warm_ms": statistics.median(warm) * 1e3}))
+                  "warm_ms": statistics.median(warm) * 1e3,
+                  "first_cpu_ms": first_cpu * 1e3,
+                  "warm_cpu_ms": statistics.median(warm_cpu) * 1e3}))
 """
 
 
@@ -113,7 +119,7 @@ def main() -> None:
         for file in Path(tmp).iterdir():  # the page cache holds the files, as on a host
             file.read_bytes()             # that loaded them before
         print(f"{'mode':18} {'load ms':>9} {'first ms':>9} {'warm ms':>9} {'first/warm':>11} "
-              f"{'per process':>12}")
+              f"{'per process':>12} {'CPU first/warm':>15}")
         for mode in ("lazy", "lazy+idle", "lazy sha256", "lazy+idle sha256", "off"):
             runs = []
             env = {**os.environ, "KILN_WEIGHTS_HASH": mode.split()[-1]
@@ -125,8 +131,10 @@ def main() -> None:
                 runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             own = statistics.median(r["first_ms"] / r["warm_ms"] for r in runs)
+            cpu = statistics.median(r["first_cpu_ms"] / r["warm_cpu_ms"] for r in runs)
             print(f"{mode:18} {med['load_ms']:9.1f} {med['first_ms']:9.1f} "
-                  f"{med['warm_ms']:9.1f} {med['first_ms'] / med['warm_ms']:11.2f} {own:12.2f}")
+                  f"{med['warm_ms']:9.1f} {med['first_ms'] / med['warm_ms']:11.2f} {own:12.2f} "
+                  f"{cpu:15.2f}")
 
 
 if __name__ == "__main__":

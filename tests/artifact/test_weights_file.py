@@ -12,6 +12,7 @@ import pytest
 
 from kiln.artifact import weights_file
 from kiln.artifact.integrity import chunk_digests, tree_digest
+from kiln.artifact.segments import Segments
 from kiln.errors import FormatError
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "weights_v1_2026-11-27.weights"
@@ -48,5 +49,29 @@ def test_a_newer_version_names_both(tmp_path):
     try:
         with pytest.raises(FormatError, match="version 2; this kiln reads version 1"):
             weights_file.read_header(fd, str(path))
+    finally:
+        os.close(fd)
+
+
+def test_a_tensor_of_2_mib_or_more_starts_at_a_2_mib_multiple(tmp_path):
+    """Large tensors sit at multiples of HUGE_ALIGN (so a 2 MiB folio maps with one
+    page-table entry), small ones at multiples of ALIGN; pieces of any size are
+    written in HUGE_ALIGN blocks and read back unchanged."""
+    huge = weights_file.HUGE_ALIGN
+    pieces = [bytes([i % 251]) * n for i, n in enumerate((7, huge - 3, 2 * huge + 5, 100))]
+    big = Segments(pieces)
+    small = b"\x02" * 5000
+    items = [("a.bin", small, 4096, chunk_digests(small, 4096)),
+             ("b.bin", big, 1 << 16, chunk_digests(big, 1 << 16))]
+    header = weights_file.write_weights(tmp_path / "w.weights", items)
+    a, b = header.tensors
+    assert a.offset % weights_file.ALIGN == 0 and a.offset < huge
+    assert b.offset % huge == 0
+    data = (tmp_path / "w.weights").read_bytes()
+    assert data[a.offset:a.offset + a.size] == small
+    assert data[b.offset:b.offset + b.size] == b"".join(pieces)
+    fd = os.open(tmp_path / "w.weights", os.O_RDONLY)
+    try:
+        assert weights_file.read_header(fd, "w").tensors == header.tensors
     finally:
         os.close(fd)

@@ -27,6 +27,7 @@ from kiln.cli.main import main
 from kiln.errors import UsageError
 from kiln.ir import IRBuilder
 from kiln.ir import graph as g
+from kiln.runtime.external_weights import SHARE_CHUNK
 
 W = np.arange(32, dtype=np.float32).reshape(4, 8) / 7
 GOLDEN_V3 = Path(__file__).resolve().parents[1] / "golden" / "mlf_v3_2026-11-27.tar"
@@ -52,18 +53,21 @@ def _weights(path: Path) -> dict[str, Any]:
     return section
 
 
-def _blob_digest(weights_file: Path) -> str:
-    """The chunked SHA-256 of the one tensor of a weights file, from its bytes."""
+def _blob_digest(weights_file: Path, chunk: int | None = None) -> str:
+    """The chunked SHA-256 of the one tensor of a weights file, from its bytes, by the
+    blob's 4 MiB chunks, or by `chunk` (the file's index's: 64 KiB)."""
     with open(weights_file, "rb") as f:
         (t,) = read_header(f.fileno(), str(weights_file)).tensors
         f.seek(t.offset)
         data = f.read(t.size)
-    return tree_digest(chunk_digests(data), len(data), CHUNK_SIZE)
+    size = chunk or CHUNK_SIZE
+    return tree_digest(chunk_digests(data, size), len(data), size)
 
 
 def test_embedded_and_external_libraries(files: dict[str, Path]) -> None:
     ext_file = Path(str(files["external"]) + ".weights")
     digest = _blob_digest(ext_file)
+    indexed = _blob_digest(ext_file, SHARE_CHUNK)
     emb, ext = _weights(files["embedded"]), _weights(files["external"])
     assert emb["where"] == "embedded" and emb["count"] == 1 and emb["bytes"] >= W.nbytes
     assert [t["chunked_sha256"] for t in emb["tensors"]] == [digest]
@@ -73,11 +77,12 @@ def test_embedded_and_external_libraries(files: dict[str, Path]) -> None:
     assert ext == {**ext, "where": "external", "file": str(ext_file.resolve()), "found": True,
                    "hash_matches": True, "problem": None, "content_sha256": content,
                    "count": 1, "bytes": emb["bytes"]}
-    assert [t["chunked_sha256"] for t in ext["tensors"]] == [digest]
+    # The file's index hashes 64 KiB chunks (the unit libraries share pages by).
+    assert [t["chunked_sha256"] for t in ext["tensors"]] == [indexed]
     text = cmd_inspect(str(files["external"]), None, None)
     assert f"external: {ext_file.resolve()} (found, content sha256 {content} matches" in text
     assert f"tensors:  1, {emb['bytes']} bytes" in text and NOT_YET in text
-    assert digest not in text and digest in cmd_inspect(str(files["external"]), None, None,
+    assert indexed not in text and indexed in cmd_inspect(str(files["external"]), None, None,
                                                         weights=True)
     assert "where:    embedded in the shared library" in cmd_inspect(
         str(files["embedded"]), None, None)

@@ -74,6 +74,10 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "profile_reset": (None, []),
     # {prefix}_map_weights_fd(fd): map an external weights file (kiln_weights.c).
     "map_weights_fd": (ctypes.c_int32, [ctypes.c_int32]),
+    # {prefix}_map_weights_range(fd, tensor, start, length, offset): part of a region
+    # from another weights file of equal bytes there (kiln_weights.c).
+    "map_weights_range": (ctypes.c_int32, [ctypes.c_int32, ctypes.c_int32, ctypes.c_uint64,
+                                           ctypes.c_uint64, ctypes.c_uint64]),
     # kiln_hash64.c, kiln_check.c (kiln.runtime.weights_check): {prefix}_hash64(data, n),
     # {prefix}_check_weights(first, count), {prefix}_weights_chunks(),
     # {prefix}_rehash_weights(data, size, phase).

@@ -14,22 +14,34 @@ keyed by the hash holds one read-only mapping of it, which every library of
 that hash maps its regions from (the same page-cache pages: the weights cost
 memory once) and which is verified once, lazily per `verify_weights`, against
 the chunk hashes of its index. A file whose header, version, size or hash
-differs is refused with a FormatError before any function is bound.
+differs is refused with a FormatError before any function is bound. A library
+whose file differs from an open one in part (a batch-1 and a batch-32 build)
+maps the 64 KiB chunks the two indexes share from the open file
+(`lend_chunks`), its own file only for the rest.
 """
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.artifact.artifact import Artifact
+from kiln.artifact.integrity import DIGEST_SIZE, chunk_count
 from kiln.artifact.segments import Content
-from kiln.artifact.weights_file import ALIGN, WeightsHeader, read_header, write_weights
+from kiln.artifact.weights_file import (
+    ALIGN,
+    HUGE_ALIGN,
+    WeightsHeader,
+    read_header,
+    write_weights,
+)
 from kiln.errors import FormatError, MissingFileError, UsageError
 from kiln.runtime import ctypes_abi
 from kiln.runtime.memory_library import is_memory_path
@@ -41,6 +53,11 @@ if TYPE_CHECKING:
 
 WEIGHTS_MODES = ("embedded", "external")
 WEIGHTS_SUFFIX = ".weights"
+# The chunk size of a weights file's index (its SHA-256s): the unit two libraries' files
+# share pages by (lend_chunks). 64 KiB, a page on every host, so a chunk maps on its
+# own; the blob's 4 MiB chunks would leave a batch-1 and a batch-32 ResNet-50 build
+# 16 MiB apart for 8 MiB of differing weights (docs/runtime.md "One copy per process").
+SHARE_CHUNK = 1 << 16
 # What {prefix}_map_weights returns (kiln_weights.c), as words.
 MAP_ERRORS = {-1: "cannot be opened or read", -2: "is not a kiln weights file of version 1",
               -3: "holds other weights than this library was built with",
@@ -49,7 +66,7 @@ MAP_ERRORS = {-1: "cannot be opened or read", -2: "is not a kiln weights file of
 
 def map_symbols(prefix: str) -> list[str]:
     """The entries an external-weights library exports besides the ABI symbols."""
-    return [f"{prefix}_map_weights", f"{prefix}_map_weights_fd"]
+    return [f"{prefix}_map_weights", f"{prefix}_map_weights_fd", f"{prefix}_map_weights_range"]
 
 
 def default_weights_path(library: Path) -> Path:
@@ -76,15 +93,20 @@ def export_weights(hashed: Sequence[tuple[Artifact, int, bytes]], prefix: str,
         (tensor_name(a, data), a.content, chunk, digests) for a, chunk, digests in hashed]
     header = write_weights(weights_path, items)
     symbols = [str(a.metadata["symbol"]) for a in data]
-    regions = " ".join(f"X({s}, {t.size}ULL, {max(ALIGN, -(-t.size // ALIGN) * ALIGN)}ULL)"
+    # Regions as aligned as their tensors' offsets (weights_file.HUGE_ALIGN): a 2 MiB
+    # folio of the file then maps with one page-table entry (the library's load address
+    # is aligned to its largest section alignment).
+    align = HUGE_ALIGN if any(t.size >= HUGE_ALIGN for t in header.tensors) else ALIGN
+    regions = " ".join(f"X({s}, {t.size}ULL, {max(align, -(-t.size // align) * align)}ULL)"
                        for s, t in zip(symbols, header.tensors))
     hash_init = ", ".join(f"0x{b:02x}" for b in bytes.fromhex(header.content_hash))
     lines = [f"#define KILN_WEIGHTS_MAP {prefix}_map_weights",
              f"#define KILN_WEIGHTS_MAP_FD {prefix}_map_weights_fd",
+             f"#define KILN_WEIGHTS_MAP_RANGE {prefix}_map_weights_range",
              f"#define KILN_WEIGHTS_HASH {{{hash_init}}}",
              f"#define KILN_WEIGHTS_COUNT {len(data)}",
              f"#define KILN_WEIGHTS_REGIONS {regions}",
-             f"#define KILN_WEIGHTS_ALIGN {ALIGN}",
+             f"#define KILN_WEIGHTS_ALIGN {align}",
              *(["#define KILN_WEIGHTS_LARGE 1"] if any(a.metadata.get("large") for a in data)
                else []), ""]
     source = "\n".join(lines) + (Path(include_dir()) / "kiln" / "kiln_weights.c").read_text()
@@ -115,6 +137,19 @@ class SharedWeights(ChunkCheck):
         self.view = memoryview(self._map)
         self.done = False
         weakref.finalize(self, _release, self.view, self._map, fd)
+
+    @functools.cached_property
+    def chunks(self) -> dict[bytes, tuple[int, int]]:
+        """(offset in the file, length) of each chunk, by its SHA-256: what another
+        library's file of partly equal bytes maps from here (lend_chunks). Built on
+        first use: a process with one weights file never needs it."""
+        out: dict[bytes, tuple[int, int]] = {}
+        for t in self.header.tensors:
+            for k in range(chunk_count(t.size, t.chunk_size)):
+                start = k * t.chunk_size
+                out.setdefault(t.digests[k * DIGEST_SIZE:(k + 1) * DIGEST_SIZE],
+                               (t.offset + start, min(t.chunk_size, t.size - start)))
+        return out
 
     def tensor(self, name: str) -> memoryview:
         """The bytes of tensor `name` in the mapping (no copy)."""
@@ -236,9 +271,75 @@ def attach(lib: LibraryModule, entry: Mapping[str, Any], weights: Any) -> Shared
     if rc != 0:
         raise FormatError(f"{lib.path}: its weights file {str(shared.path)!r} "
                           f"{MAP_ERRORS.get(rc, f'was refused ({rc})')}")
+    lent = lend_chunks(lib, shared)
+    if lent:
+        _LENT[lib] = lent
     return shared
 
 
-__all__ = ["MAP_ERRORS", "WEIGHTS_MODES", "SharedWeights", "attach", "default_weights_path",
-           "export_weights", "file_check", "map_symbols", "mapped_hashes", "shared_weights",
-           "tensor_name"]
+@dataclass(frozen=True)
+class Lent:
+    """Bytes of a library's weights mapped from another weights file of equal bytes
+    there (`tensor`'s [start, start + length), at `offset` of `source`)."""
+
+    tensor: str
+    start: int
+    length: int
+    source: SharedWeights
+    offset: int
+
+
+# What each library maps from other files (weak: the entry goes with the library; it
+# holds the lending files' SharedWeights, so they stay in mapped_hashes() meanwhile).
+_LENT: weakref.WeakKeyDictionary[Any, list[Lent]] = weakref.WeakKeyDictionary()
+
+
+def lent_chunks(lib: Any) -> list[Lent]:
+    """The parts of `lib`'s weights mapped from another library's weights file (chunks
+    whose SHA-256 the two files' indexes share); [] when it maps its own file whole."""
+    return list(_LENT.get(lib, ()))
+
+
+def lend_chunks(lib: LibraryModule, shared: SharedWeights) -> list[Lent]:
+    """Map the chunks of `lib`'s weights that another open weights file holds (equal
+    SHA-256s in both indexes) from that file, so two builds of one model whose packed
+    weights differ in a few arrays (a batch-1 and a batch-32 build) share the pages of
+    the rest. A library exported before `{prefix}_map_weights_range` maps its own file
+    whole; a refused range maps it whole again."""
+    with _SHARED_LOCK:
+        others = [w for w in _SHARED.values() if w is not shared]
+    if not others:
+        return []
+    try:
+        map_range = ctypes_abi.bind(lib.cdll, f"{lib.prefix}_map_weights_range",
+                                    "map_weights_range")
+    except AttributeError:
+        return []
+    lent: list[tuple[int, Lent]] = []
+    for i, t in enumerate(shared.header.tensors):
+        for k in range(chunk_count(t.size, t.chunk_size)):
+            start = k * t.chunk_size
+            length = min(t.chunk_size, t.size - start)
+            digest = t.digests[k * DIGEST_SIZE:(k + 1) * DIGEST_SIZE]
+            source, offset = next(((w, w.chunks[digest][0]) for w in others
+                                   if w.chunks.get(digest, (0, -1))[1] == length), (None, 0))
+            if source is None:
+                continue
+            last = lent[-1][1] if lent else None
+            if last is not None and lent[-1][0] == i and last.source is source and \
+                    last.start + last.length == start and last.offset + last.length == offset:
+                lent[-1] = (i, Lent(t.name, last.start, last.length + length, source,
+                                    last.offset))  # one mapping for a run of chunks
+            else:
+                lent.append((i, Lent(t.name, start, length, source, offset)))
+    for i, part in lent:
+        if map_range(part.source.fd, i, part.start, part.length, part.offset) != 0:
+            map_fd = ctypes_abi.bind(lib.cdll, f"{lib.prefix}_map_weights_fd", "map_weights_fd")
+            map_fd(shared.fd)  # back to the library's own file everywhere
+            return []
+    return [part for _i, part in lent]
+
+
+__all__ = ["MAP_ERRORS", "SHARE_CHUNK", "WEIGHTS_MODES", "Lent", "SharedWeights", "attach",
+           "default_weights_path", "export_weights", "file_check", "lend_chunks", "lent_chunks",
+           "map_symbols", "mapped_hashes", "shared_weights", "tensor_name"]

@@ -49,6 +49,7 @@ from kiln.escape import c_comment, is_c_identifier
 from kiln.runtime import native
 from kiln.runtime.data_object import EM_X86_64, DataSymbol, machine_of, write_data_object
 from kiln.runtime.external_weights import (
+    SHARE_CHUNK,
     WEIGHTS_MODES,
     default_weights_path,
     export_weights,
@@ -197,7 +198,8 @@ def _weights_file(external: bool, native_arts: Sequence[AnyArtifact], prefix: st
     _check_writable(target)
     data = [require_serializable(a) for a in native_arts if a.extension == ".bin"]
     with _atomic(target, 0o644) as tmp:
-        yield export_weights([(a, *_digests(a)) for a in data], prefix, tmp, name=target.name)
+        yield export_weights([(a, SHARE_CHUNK, chunk_digests(a.content, SHARE_CHUNK))
+                              for a in data], prefix, tmp, name=target.name)
 
 
 def _weights_mode(weights: Any, suffix: str, path: Path, arts: ArtifactSet) -> bool:

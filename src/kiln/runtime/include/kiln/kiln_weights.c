@@ -14,6 +14,7 @@
  * export_library writes a few #defines, then this file verbatim:
  *   KILN_WEIGHTS_MAP     `{prefix}_map_weights` (exported)
  *   KILN_WEIGHTS_MAP_FD  `{prefix}_map_weights_fd` (exported)
+ *   KILN_WEIGHTS_MAP_RANGE `{prefix}_map_weights_range` (exported)
  *   KILN_WEIGHTS_HASH    the 32 bytes of the file's content hash, as an initializer
  *   KILN_WEIGHTS_COUNT   the number of tensors
  *   KILN_WEIGHTS_REGIONS X(symbol, size, reserved) per tensor, in file order
@@ -136,4 +137,23 @@ __attribute__((visibility("default"))) int32_t KILN_WEIGHTS_MAP(const char *path
   int32_t rc = KILN_WEIGHTS_MAP_FD(fd);
   close(fd);
   return rc;
+}
+
+/* Map bytes [start, start + length) of tensor `tensor`'s region from `fd` at `offset`
+   (another weights file whose bytes there equal this library's: the loader checked
+   their chunk hashes), so that libraries of one model whose weights differ in a few
+   arrays share the pages of the rest (docs/runtime.md "One copy per process"). `start`
+   and `offset` are page-aligned, and the range ends on a page or at the tensor's end
+   (the page's tail past it is the region's padding); any other range is refused. */
+__attribute__((visibility("default"))) int32_t KILN_WEIGHTS_MAP_RANGE(
+    int32_t fd, int32_t tensor, uint64_t start, uint64_t length, uint64_t offset) {
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  if (tensor < 0 || tensor >= KILN_WEIGHTS_COUNT) return KILN_WEIGHTS_ESIZE;
+  const KilnWeightsRegion *r = &kiln_weights_regions[tensor];
+  if (start % page != 0 || offset % page != 0 || length == 0 || start > r->size ||
+      length > r->size - start || ((start + length) % page != 0 && start + length != r->size))
+    return KILN_WEIGHTS_ESIZE;
+  void *at = mmap(r->base + start, (size_t)((length + page - 1) / page * page), PROT_READ,
+                  MAP_PRIVATE | MAP_FIXED, fd, (off_t)offset);
+  return at == MAP_FAILED ? KILN_WEIGHTS_EMAP : KILN_WEIGHTS_OK;
 }
