@@ -41,6 +41,7 @@ from kiln.errors import ArgumentTypeError, CompileError, IRError, UsageError
 from kiln.export.dependencies import collect_dependencies
 from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_MAX_LOOP_ITERATIONS, ATTR_TARGET, ATTR_WORKSPACE_BYTES
+from kiln.ir.gc_pace import fewer_collections
 from kiln.ir.graph import Function
 from kiln.ir.module import IRModule
 from kiln.ir.outlined import has_parallel_loops
@@ -59,6 +60,7 @@ from kiln.tuning.apply import FromDatabase, using
 from kiln.tuning.database import TuningDatabase, target_key
 
 
+@fewer_collections
 def compile(
     mod: IRModule | PrimFunc | Function | str | os.PathLike[str] | Any, target: Any = None, *,
     graph_pipeline: PipelineSpec = "default", tensor_pipeline: PipelineSpec = "default",
