@@ -293,3 +293,22 @@ def test_deeply_nested_json_text_is_refused_before_parsing():
         parse_json_object(deep, "meta", ValueError)
     ok = '{"s": "' + "[" * 1000 + '", "a": ' + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1) + "}"
     assert parse_json_object(ok, "meta", ValueError)["s"] == "[" * 1000
+
+
+def test_frozen_metadata_is_taken_as_is_and_still_checked():
+    """Metadata frozen once is reused, not walked again, when it is handed on (an
+    artifact's stub, a blob's contents); a FrozenDict built by hand is checked like any
+    mapping, and a frozen value nested past MAX_DEPTH is refused as its walk would be."""
+    from kiln.artifact._json import MAX_DEPTH, FrozenDict, freeze, freeze_object
+
+    meta = freeze_object({"kernels": [{"name": "k0", "args": [1, 2.5, None, True]}]}, "m")
+    again = freeze_object({**meta, "linked": True}, "m")
+    assert again["kernels"] is meta["kernels"]
+    assert again == {"kernels": [{"name": "k0", "args": [1, 2.5, None, True]}], "linked": True}
+    assert art(metadata=meta).metadata == meta
+    with pytest.raises(ValueError, match=r"^m\['a'\]\['x'\]: a set is not JSON-able"):
+        freeze_object({"a": FrozenDict({"x": {1, 2}})}, "m")
+    deep = freeze([[[]]], "d")  # three levels of containers
+    freeze(deep, "d", MAX_DEPTH - 2)
+    with pytest.raises(ValueError, match=f"nested deeper than {MAX_DEPTH} levels"):
+        freeze(deep, "d", MAX_DEPTH - 1)

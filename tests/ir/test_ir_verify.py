@@ -234,6 +234,37 @@ def test_call_func_missing_kinds_shapes_dtypes() -> None:
     verify(callee_module(t.CallFunc("nope", (X,)), X, Y)["caller"])
 
 
+def test_verify_changes_walks_what_a_late_pass_changed() -> None:
+    """verify_changes (the compiler's check after a late pass): the functions a pass left
+    as they were are not walked again, but a caller of a function whose parameters
+    changed is, and a removed function verifies the whole module."""
+    from kiln.ir.verify import verify_changes
+
+    two = const(2.0, "float32")
+    before = callee_module(t.CallFunc("scale", (X, Y, two)), X, Y)
+    verify(before)
+    # an unchanged function is trusted (this one, handed in unverified, would fail)
+    i = Var("i")
+    bad = PrimFunc((X,), loop(i, 4, Store(Y, X[i], (i,))))
+    trusted = IRModule({**before.functions, "bad": bad})
+    verify_changes(IRModule({**trusted.functions, "new": PrimFunc((X,), seq())}), trusted)
+    # ... but not when a function of the module it came from is gone
+    with pytest.raises(IRError, match="CallFunc to missing function 'scale'"):
+        verify_changes(IRModule({n: f for n, f in trusted.functions.items() if n != "scale"}),
+                       trusted)
+    # a callee whose parameters changed: its unchanged caller is verified again
+    A, s = Buffer("A", (4,), "float32"), Var("s", "float32")
+    fewer = PrimFunc((A, s), loop(i, 4, Store(A, A[i] * s, (i,))))
+    with pytest.raises(IRError, match="CallFunc to 'scale' passes 3 argument"):
+        verify_changes(before.with_function("scale", fewer), before)
+    # the same parameters, another body: the caller is not walked, the callee is
+    scale = before["scale"]
+    assert isinstance(scale, PrimFunc)
+    verify_changes(before.with_function("scale", scale.with_body(scale.body)), before)
+    with pytest.raises(IRError, match="undefined buffer 'Y'"):
+        verify_changes(before.with_function("scale", PrimFunc(scale.params, bad.body)), before)
+
+
 def graph_module(call: g.Expr, *, n_params: int = 2) -> IRModule:
     A = Buffer("A", (4,), "float32")
     B = Buffer("B", (4,), "float32")

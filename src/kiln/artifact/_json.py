@@ -89,31 +89,101 @@ def _json_hash(value: Any) -> int:
 
 
 def freeze(value: Any, where: str, _depth: int = 0) -> Any:
-    """A read-only deep copy of the JSON value `value`; ArtifactError naming `where` otherwise."""
-    if _depth > MAX_DEPTH:
-        raise ArtifactError(f"{where}: nested deeper than {MAX_DEPTH} levels (a cycle?)")
-    if value is None or isinstance(value, (bool, str)):
-        return value
+    """A read-only deep copy of the JSON value `value`; ArtifactError naming `where` otherwise.
+
+    A value this function froze before is taken as it is (not copied or walked again):
+    metadata is frozen once, then handed on through artifacts, blobs and their stubs.
+    """
+    try:
+        return _freeze(value, _depth)[0]
+    except _Bad as bad:
+        raise ArtifactError(bad.message(where)) from None
+
+
+class _Bad(Exception):
+    """A fault found `path` levels down (keys and indices, innermost first)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+        self.path: list[str | int] = []
+
+    def message(self, where: str) -> str:
+        return where + "".join(f"[{k!r}]" for k in reversed(self.path)) + ": " + self.text
+
+
+# Set on the containers `_freeze` built, which hold nothing but frozen JSON: their height
+# (levels of containers below them, for the MAX_DEPTH check of a value nesting them).
+_HEIGHT = "_kiln_json_height"
+
+
+def _freeze(value: Any, depth: int) -> tuple[Any, int]:
+    """(frozen `value`, its height); `_Bad` with the path of the fault otherwise. Type
+    checks of the common exact types first: metadata has tens of thousands of leaves."""
+    if depth > MAX_DEPTH:
+        raise _Bad(f"nested deeper than {MAX_DEPTH} levels (a cycle?)")
+    kind = type(value)
+    if value is None or kind is str or kind is bool:
+        return value, 0
+    if kind is int:
+        return value, 0
+    if kind is float:
+        if not math.isfinite(value):
+            raise _Bad(f"{value} is not valid JSON (only finite numbers are)")
+        return value, 0
+    height = getattr(value, _HEIGHT, None) if kind is FrozenDict or kind is FrozenList else None
+    if height is not None:
+        if depth + height > MAX_DEPTH:  # as deep as walking it again would find
+            raise _Bad(f"nested deeper than {MAX_DEPTH} levels (a cycle?)")
+        return value, height
+    if isinstance(value, str):
+        return value, 0
     if isinstance(value, numbers.Integral):
-        return int(value)
+        return int(value), 0
     if isinstance(value, numbers.Real):
         f = float(value)
         if not math.isfinite(f):
-            raise ArtifactError(f"{where}: {f} is not valid JSON (only finite numbers are)")
-        return f
+            raise _Bad(f"{f} is not valid JSON (only finite numbers are)")
+        return f, 0
     if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise ArtifactError(
-                    f"{where}: key {k!r} is a {type(k).__name__}; JSON object keys must be str")
-            out[k] = freeze(v, f"{where}[{k!r}]", _depth + 1)
-        return FrozenDict(out)
+        return _freeze_mapping(value, depth)
     if isinstance(value, (list, tuple)):
-        return FrozenList(freeze(v, f"{where}[{i}]", _depth + 1) for i, v in enumerate(value))
-    raise ArtifactError(
-        f"{where}: a {type(value).__name__} is not JSON-able "
-        "(use None, bool, int, float, str, list or dict)")
+        return _freeze_list(value, depth)
+    raise _Bad(f"a {type(value).__name__} is not JSON-able "
+               "(use None, bool, int, float, str, list or dict)")
+
+
+def _freeze_mapping(value: Mapping[Any, Any], depth: int) -> tuple[FrozenDict, int]:
+    out = {}
+    height = 0
+    for k, v in value.items():
+        if not isinstance(k, str):
+            raise _Bad(f"key {k!r} is a {type(k).__name__}; JSON object keys must be str")
+        try:
+            out[k], h = _freeze(v, depth + 1)
+        except _Bad as bad:
+            bad.path.append(k)
+            raise
+        height = max(height, h + 1)
+    frozen = FrozenDict(out)
+    setattr(frozen, _HEIGHT, height)
+    return frozen, height
+
+
+def _freeze_list(value: list[Any] | tuple[Any, ...], depth: int) -> tuple[FrozenList, int]:
+    items = []
+    height = 0
+    for i, v in enumerate(value):
+        try:
+            item, h = _freeze(v, depth + 1)
+        except _Bad as bad:
+            bad.path.append(i)
+            raise
+        items.append(item)
+        height = max(height, h + 1)
+    frozen = FrozenList(items)
+    setattr(frozen, _HEIGHT, height)
+    return frozen, height
 
 
 def freeze_object(value: Any, where: str) -> FrozenDict:

@@ -41,12 +41,13 @@ from kiln.errors import ArgumentTypeError, CompileError, IRError, UsageError
 from kiln.export.dependencies import collect_dependencies
 from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_MAX_LOOP_ITERATIONS, ATTR_TARGET, ATTR_WORKSPACE_BYTES
+from kiln.ir.gc_pace import fewer_collections
 from kiln.ir.graph import Function
 from kiln.ir.module import IRModule
 from kiln.ir.outlined import has_parallel_loops
 from kiln.ir.profiling import profile_sites
 from kiln.ir.tensor import PrimFunc
-from kiln.ir.verify import verify
+from kiln.ir.verify import verify, verify_changes
 from kiln.kernels.search import check_database
 from kiln.target import Target
 from kiln.target.isa import isa_for
@@ -59,6 +60,7 @@ from kiln.tuning.apply import FromDatabase, using
 from kiln.tuning.database import TuningDatabase, target_key
 
 
+@fewer_collections
 def compile(
     mod: IRModule | PrimFunc | Function | str | os.PathLike[str] | Any, target: Any = None, *,
     graph_pipeline: PipelineSpec = "default", tensor_pipeline: PipelineSpec = "default",
@@ -197,7 +199,7 @@ def _generate(codegen_name: str, built: IRModule, tgt: Target, prefix: str,
     token = kernel_cache.enabled_in_build.set(cache.cache_enabled(PassContext.current().config))
     try:
         with timed_step("codegen"):
-            return codegen.build(outline_for(codegen_name, built), tgt,
+            return codegen.build(outline_for(codegen_name, built, verified=True), tgt,
                                  prefix=prefix, pool=pool)
     finally:
         kernel_cache.enabled_in_build.reset(token)
@@ -215,7 +217,7 @@ def lower_for_codegen(mod: IRModule, target: Target) -> IRModule:
     verify_stage(mod, "the input module")
     mod = _pipelines(mod, target, "default", "default")
     codegen_name, _ = codegen.codegen_for(target)
-    return outline_for(codegen_name, _terminable(mod, codegen_name, target))
+    return outline_for(codegen_name, _terminable(mod, codegen_name, target), verified=True)
 
 
 def _pipelines(mod: IRModule, tgt: Target, graph_pipeline: PipelineSpec,
@@ -235,9 +237,10 @@ PROFILING_CODEGENS = ("llvm", "c")
 OUTLINING_CODEGENS = ("llvm", "llvmjit", "c", "cuda")
 
 
-def outline_for(codegen_name: str, mod: IRModule) -> IRModule:
+def outline_for(codegen_name: str, mod: IRModule, *, verified: bool = False) -> IRModule:
     """`mod` with its parallel loops outlined if codegen `codegen_name` needs it (the pass
-    `outline-parallel-loops`, which returns an outlined module as is); else `mod`."""
+    `outline-parallel-loops`, which returns an outlined module as is); else `mod`.
+    `verified`: `mod` passed `verify` (then only what the pass changed is verified)."""
     from kiln.transform.outline import (
         OutlineParallelLoops,  # lazy: kiln.transform.registry loads it on first use
     )
@@ -245,15 +248,17 @@ def outline_for(codegen_name: str, mod: IRModule) -> IRModule:
     if codegen_name not in OUTLINING_CODEGENS or not has_parallel_loops(mod):
         return mod
     return _late_pass(OutlineParallelLoops(), mod, "codegen.outline",
-                      "the module with outlined parallel loops")
+                      "the module with outlined parallel loops", verified)
 
 
-def _late_pass(p: Pass, mod: IRModule, step: str, what: str) -> IRModule:
-    """`p(mod)` after the pipelines, timed as `step`; verified (as `what`) when changed."""
+def _late_pass(p: Pass, mod: IRModule, step: str, what: str, verified: bool) -> IRModule:
+    """`p(mod)` after the pipelines, timed as `step`; verified (as `what`) when changed:
+    only the functions `p` changed or added when `mod` was `verified` (the kernels a
+    late pass leaves as they were are not walked again; ir.verify.verify_changes)."""
     with timed_step(step):
         out = p(mod)
     if out is not mod:
-        verify_stage(out, what)
+        verify_stage(out, what, since=mod if verified else None)
     return out
 
 
@@ -311,7 +316,9 @@ def _terminable(mod: IRModule, codegen_name: str, tgt: Target) -> IRModule:
     wasm = str(tgt.attrs.get("mtriple", "")).startswith("wasm")
     if codegen_name not in PROFILING_CODEGENS or wasm:
         return mod
-    return _late_pass(TerminateChecks(), mod, "terminate", "the module with terminate checks")
+    # `mod` comes verified from the pipelines (or from _instrument)
+    return _late_pass(TerminateChecks(), mod, "terminate", "the module with terminate checks",
+                      verified=True)
 
 
 def executable_metadata(mod: IRModule, prefix: str) -> dict[str, Any]:
@@ -375,11 +382,15 @@ def _pick_target(mod: IRModule, target: Any) -> Target:
     return Target.current(allow_none=True) or Target.from_host()
 
 
-def verify_stage(mod: IRModule, what: str) -> None:
-    """Verify `mod`; an IRError names the compile stage `what` that produced it."""
+def verify_stage(mod: IRModule, what: str, since: IRModule | None = None) -> None:
+    """Verify `mod`; an IRError names the compile stage `what` that produced it. `since`:
+    the verified module a late pass made `mod` from (`verify_changes`)."""
 
     try:
-        verify(mod)
+        if since is None:
+            verify(mod)
+        else:
+            verify_changes(mod, since)
     except IRError as exc:
         raise IRError(f"{what} is not valid IR: {exc}") from exc
 

@@ -19,6 +19,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from kiln.export import export_library
+from kiln.ir.gc_pace import fewer_collections
 from kiln.ir.module import IRModule
 from kiln.runtime import loading
 
@@ -66,6 +67,7 @@ class Executable:
                 self._module = self._load(fcompile, workspace_dir, cc)
             return self._module
 
+    @fewer_collections
     def _load(self, fcompile: Any, workspace_dir: str | os.PathLike[str] | None,
               cc: Any) -> Module:
 

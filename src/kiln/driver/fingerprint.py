@@ -52,23 +52,41 @@ def module_fingerprint(mod: IRModule, pool: ConstantPool | None = None) -> str:
     for name in sorted(mod.functions):
         stack.append(("function", name, mod.functions[name]))
     stack.reverse()
+    # The texts are hashed in batches: SHA-256 of their concatenation is the same
+    # fingerprint, without a hash update (and an encode) per node.
+    texts: list[str] = []
     while stack:
         item = stack.pop()
-        if isinstance(item, _Token):
-            h.update(item.text.encode("utf-8", "surrogatepass"))
+        if type(item) is _Token:
+            texts.append(item.text)
             continue
         children: list[Any] = []
         offset = pool.find(item) if pool is not None and isinstance(item, np.ndarray) else None
-        text = (f"pooled:{offset}:{item.dtype.str}:{item.shape};" if offset is not None
-                else _emit(item, ids, keep, children))
-        h.update(text.encode("utf-8", "surrogatepass"))
+        texts.append(f"pooled:{offset}:{item.dtype.str}:{item.shape};" if offset is not None
+                     else _emit(item, ids, keep, children))
         stack.extend(reversed(children))
+        if len(texts) >= _BATCH:
+            h.update("".join(texts).encode("utf-8", "surrogatepass"))
+            texts.clear()
+    h.update("".join(texts).encode("utf-8", "surrogatepass"))
     return h.hexdigest()
 
 
-@dataclasses.dataclass(frozen=True)
+# Texts hashed at once (a few hundred KB of text).
+_BATCH = 8192
+
+
 class _Token:
-    text: str
+    """Text hashed as it is, between an object's parts."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+_CLOSE_DEF, _CLOSE_LIST, _CLOSE_MAP, _CLOSE_FIELDS = (
+    _Token(");"), _Token("]"), _Token("}"), _Token(")"))
 
 
 def _sorted_items(m: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -95,20 +113,20 @@ def _emit(obj: Any, ids: dict[int, int], keep: list[object], children: list[Any]
         ids[key] = len(ids)
         keep.append(obj)
         children.extend(_fields(obj))
-        children.append(_Token(");"))
+        children.append(_CLOSE_DEF)
         return f"def:{ids[key]}:{type(obj).__name__}("
     if isinstance(obj, Mapping):
         for k, v in _sorted_items(obj):
             children.extend([_Token(f"key:{k!s};"), v])
-        children.append(_Token("}"))
+        children.append(_CLOSE_MAP)
         return "{"
     if isinstance(obj, (tuple, list)):
         children.extend(obj)
-        children.append(_Token("]"))
+        children.append(_CLOSE_LIST)
         return f"[{len(obj)}:"
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         children.extend(_fields(obj))
-        children.append(_Token(")"))
+        children.append(_CLOSE_FIELDS)
         return f"{type(obj).__module__}.{type(obj).__name__}("
     # Anything else (e.g. a Target in an attribute): its text form. A repr
     # holding an address only costs a cache miss, never a wrong hit.
@@ -117,6 +135,19 @@ def _emit(obj: Any, ids: dict[int, int], keep: list[object], children: list[Any]
 
 def _fields(obj: Any) -> list[Any]:
     out: list[Any] = []
-    for f in dataclasses.fields(obj):
-        out.extend([_Token(f"{f.name}="), getattr(obj, f.name)])
+    for token, name in _field_tokens(type(obj)):
+        out.append(token)
+        out.append(getattr(obj, name))
     return out
+
+
+# Each dataclass's (`name=` token, field name) pairs, in field order.
+_FIELD_TOKENS: dict[type, tuple[tuple[_Token, str], ...]] = {}
+
+
+def _field_tokens(cls: type) -> tuple[tuple[_Token, str], ...]:
+    tokens = _FIELD_TOKENS.get(cls)
+    if tokens is None:
+        tokens = tuple((_Token(f"{f.name}="), f.name) for f in dataclasses.fields(cls))
+        _FIELD_TOKENS[cls] = tokens
+    return tokens

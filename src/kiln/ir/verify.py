@@ -45,6 +45,7 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
+from kiln.ir.analysis.graph_uses import called_functions
 from kiln.ir.analysis.vector_loops import vector_shape_fault
 from kiln.ir.attrs import ATTR_CHECK_MESSAGES, ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES
 from kiln.ir.kernel_errors import KERNEL_ERRORS
@@ -85,6 +86,36 @@ def verify(mod_or_func: IRModule | BaseFunc, *, name: str | None = None) -> None
     for fname, fn in functions:
         check_nesting(fn, f"verify: function '{fname}'")
         _verify_function(fname, fn, mod)
+
+
+def verify_changes(mod: IRModule, before: IRModule) -> None:
+    """`verify(mod)` for a module a pass made from `before`, which verified: a function
+    `mod` holds as the same object as `before` is not walked again, unless it calls one
+    whose interface changed (its parameters, or a graph function's result type: all
+    that a caller's checks read of its callee). A function of `before` missing from
+    `mod` verifies the whole of it."""
+    old = before.functions
+    new = mod.functions
+    if any(name not in new for name in old):
+        verify(mod)
+        return
+    changed = {name for name, fn in new.items() if old.get(name) is not fn}
+    interface = {name for name in changed
+                 if name in old and not _same_interface(old[name], new[name])}
+    for name, fn in new.items():
+        if name in changed or (interface and not interface.isdisjoint(called_functions(fn))):
+            check_nesting(fn, f"verify: function '{name}'")
+            _verify_function(name, fn, mod)
+
+
+def _same_interface(a: BaseFunc, b: BaseFunc) -> bool:
+    """Whether callers of `a` check the same against `b` (parameters the same objects)."""
+    if type(a) is not type(b) or len(a.params) != len(b.params):
+        return False
+    if any(p is not q for p, q in zip(a.params, b.params)):
+        return False
+    return not isinstance(a, g.Function) or (
+        _type_key(a.ret_type) == _type_key(b.ret_type))  # type: ignore[union-attr]
 
 
 class _Fault(Exception):

@@ -39,6 +39,7 @@ from kiln.ir import weight_origin as wo
 from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_DIM_NONZERO, ATTR_GIVEN_OUTPUT_NAMES
 from kiln.ir.builder import IRBuilder
 from kiln.ir.dtype import from_numpy, to_numpy
+from kiln.ir.gc_pace import fewer_collections
 from kiln.ir.module import IRModule
 from kiln.ir.pin_hint import pin_hint, pin_hint_for
 from kiln.ir.shape_expr import (
@@ -72,6 +73,7 @@ FOLD_GROWTH = 4
 _MAX_SUM_TERMS = 8
 
 
+@fewer_collections
 def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
               max_fold_bytes: int = DEFAULT_MAX_FOLD_BYTES, check: bool = True) -> IRModule:
     """Import `model` (a path, bytes, an onnx.ModelProto or a file read by `load_onnx`)
