@@ -48,9 +48,11 @@ as that constant, another one as UNKNOWN_EXTENT iterations. A chosen loop of
 symbolic extent (a batch that may be 1 at run time) is merged with the
 independent loops right inside it (up to COLLAPSE_EXTENT iterations of theirs)
 into one parallel loop over the product, the indices recovered by division,
-so that a batch of one still splits its channels or rows; a remainder of the
-body's index arithmetic that the merged loops' bounds make plain is dropped
-(kiln.transform.index_ranges: the backend no longer sees those bounds). A parallel loop of
+so that a batch of one still splits its channels or rows. In every nest with a
+parallel loop, a remainder of the index arithmetic that the loops' bounds make plain
+is dropped (kiln.transform.index_ranges): outlined, the parallel loop runs from the
+pool's `begin` to `end` and the backend no longer sees its bound (a head split's
+`(i1 * 64 + i3) % 768` over 12 heads stayed a division per element). A parallel loop of
 symbolic extent runs only when its extent at run time gives `min_work`; else a
 copy of the serial nest runs (fresh variables: each copy binds its own).
 Graph-level functions lowered to PrimFuncs (`kiln.graph`: a sequence of
@@ -208,7 +210,11 @@ class _Scheduler(LoopRewriter):
         group = _collapsible(chain, chosen, self.independent)
         loop = _collapsed(group) if len(group) > 1 else For(
             chosen.var, chosen.start, chosen.extent, "parallel", chosen.body)
-        return _rebuild(chain, chosen, self.when_worth_it(loop, chosen, group[-1].body))
+        # outlined, the parallel loop runs from the pool's `begin` to `end`: the backend
+        # no longer sees its bounds, so the remainders they made plain go now
+        # (kiln.transform.index_ranges: a head split's `(i1 * 64 + i3) % 768`)
+        return drop_known_mods(
+            _rebuild(chain, chosen, self.when_worth_it(loop, chosen, group[-1].body)))
 
     def when_worth_it(self, loop: For, serial: For, body: Stmt) -> Stmt:
         """`loop` (parallel, each iteration running `body`), or for a symbolic extent: the
