@@ -122,6 +122,7 @@ def quantize_a(nest: NbitsNest, aw: Buffer, ascale: Buffer, aqsum: Buffer,
     blk, i, g = (Var(v, INDEX_DTYPE) for v in ("blk", "i", "g"))
     amax, scale, inv = (Var(v, "float32") for v in ("amax", "scale", "inv"))
     peak = Buffer("a_peak", (1,), "float32", "local")
+    lane_peak = Buffer("a_lane_peak", (quarter,), "float32", "local")
     qpart = Buffer("a_qpart", (quarter,), "int32", "local")
     qtot = Buffer("a_qtotal", (1,), "int32", "local")
 
@@ -136,9 +137,14 @@ def quantize_a(nest: NbitsNest, aw: Buffer, ascale: Buffer, aqsum: Buffer,
         return Cast("int32", Intrin("round", (a_at(kk) * inv,)))
 
     base = blk * block
-    find_peak = seq(Store(peak, _f32(0.0), (const(0),)), For(
-        i, const(0), const(block), "serial",
-        Store(peak, max_(peak[const(0)], Intrin("abs", (a_at(base + i),))), (const(0),))))
+    # each lane's peak over its 4 values (one vector op each), then the lanes' peak: a
+    # serial scan of the block would chain `block` dependent max operations
+    mags = [Intrin("abs", (a_at(base + g + b * quarter),)) for b in range(4)]
+    lanes = For(g, const(0), const(quarter), "vectorized", Store(
+        lane_peak, max_(max_(mags[0], mags[1]), max_(mags[2], mags[3])), (g,)))
+    find_peak = seq(lanes, Store(peak, _f32(0.0), (const(0),)), For(
+        i, const(0), const(quarter), "serial",
+        Store(peak, max_(peak[const(0)], lane_peak[i]), (const(0),))))
     qs = [Var(f"q{b}", "int32") for b in range(4)]
     byte = Const(255, "int32")
     word: PrimExpr = qs[3] << Const(24, "int32")
@@ -156,7 +162,7 @@ def quantize_a(nest: NbitsNest, aw: Buffer, ascale: Buffer, aqsum: Buffer,
         LetStmt(inv, select(compare("ne", scale, _f32(0.0)), _f32(1.0) / scale, _f32(0.0))),
         pack, total, Store(ascale, scale, (first + blk,)),
         Store(aqsum, Cast("float32", qtot[const(0)]) * scale, (first + blk,)))
-    return seq(Allocate(peak), Allocate(qpart), Allocate(qtot),
+    return seq(Allocate(peak), Allocate(lane_peak), Allocate(qpart), Allocate(qtot),
                For(blk, const(0), const(nest.blocks), "serial", body))
 
 
