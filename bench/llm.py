@@ -3,13 +3,15 @@
     .venv/bin/python bench/llm.py [--hidden 512] [--layers 8] [--heads 8,2] [--vocab 32000]
                                   [--ffn N] [--prompt 128] [--new 64] [--threads 2]
                                   [--rounds 3] [--precisions fp32,int4] [--genai]
-                                  [--write-docs]
+                                  [--accuracy-level 4] [--cpus 0,1] [--write-docs]
 
 The model is tests/models/hf_decoders.py's Llama (grouped-query attention, rotary
 embeddings, RMSNorm; the FFN twice the hidden size) at the size given, random weights,
 exported by torch (TorchScript) with its cache and every axis dynamic. `int4` is that
 file with its MatMuls quantized by onnxruntime's MatMulNBitsQuantizer (4 bits, blocks of
-32, symmetric), as users quantize for onnxruntime-genai.
+32, symmetric, accuracy level 4 as onnxruntime-genai's builder writes for CPUs: A
+quantized to int8 per block in both runtimes; `--accuracy-level 0` leaves it unset, the
+float32 sums), as users quantize for onnxruntime-genai.
 
 Each (runtime, precision) runs in a fresh process (so peak RSS is its own): kiln compiles
 the file as exported once (`kiln.compile`, no pins; the time is printed), exports the
@@ -81,8 +83,10 @@ def build_files(args: argparse.Namespace, where: Path) -> dict[str, Path]:
     if "int4" in args.precisions:
         from onnxruntime.quantization import matmul_nbits_quantizer  # heavy: only for int4
 
+        level = args.accuracy_level or None  # 0: unset, the float32 sums
         q = matmul_nbits_quantizer.MatMulNBitsQuantizer(fp32, bits=4, block_size=32,
-                                                        is_symmetric=True)
+                                                        is_symmetric=True,
+                                                        accuracy_level=level)
         q.process()
         files["int4"] = where / "llama_int4.onnx"
         onnx.save(q.model.model, files["int4"])
@@ -158,6 +162,8 @@ def _kiln_step(path: Path, threads: int) -> Callable[..., Any]:
 def child(args: argparse.Namespace) -> None:
     """One runtime on one file: `--rounds` generations, their times as JSON on stdout."""
     path = Path(args.child_file)
+    if args.cpus:  # as `taskset -c`: the runtimes on these CPUs, the build on all
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     step = {"kiln": _kiln_step, "ort": _ort_step, "genai": _genai_step}[args.child]
     generate = step(path, args.threads)
     # above the builder's special tokens (0-2), and no stop token: every row runs --new
@@ -187,7 +193,7 @@ def run_child(runtime: str, path: Path, args: argparse.Namespace) -> dict[str, A
     command = [sys.executable, __file__, "--child", runtime, "--child-file", str(path),
                *(f"--{k}={v}" for k, v in (("threads", args.threads), ("rounds", 1),
                                           ("prompt", args.prompt), ("new", args.new),
-                                          ("vocab", args.vocab)))]
+                                          ("vocab", args.vocab), ("cpus", args.cpus)))]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{runtime} on {path.name} failed:\n{done.stderr[-3000:]}")
@@ -236,6 +242,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precisions", default="fp32,int4")
+    parser.add_argument("--accuracy-level", type=int, choices=(0, 4), default=4,
+                        help="the int4 file's MatMulNBits accuracy_level (0: unset, float32 "
+                             "sums; not for --genai, whose builder writes 4)")
+    parser.add_argument("--cpus", default="",
+                        help="CPUs (as 0,1) each runtime's process is pinned to, as taskset "
+                             "-c does (the files are built and compiled on all)")
     parser.add_argument("--write-docs", action="store_true",
                         help="write the table to docs/performance.md (block 'llm')")
     parser.add_argument("--child", choices=("kiln", "ort", "genai"), help=argparse.SUPPRESS)

@@ -1,15 +1,17 @@
-"""The GEMV of 4-bit weights at accuracy_level 4 (A quantized to int8 per block,
-kiln.kernels.gemm.nbits_int8) against onnxruntime's MatMulNBits with accuracy_level=4
-(its CompInt8 kernels quantize A the same way, so the integer sums are equal and only
-the float32 sums of the blocks differ in order: rtol 1e-5 against outputs of about 10).
+"""The GEMV and the GEMM of 4-bit weights at accuracy_level 4 (A quantized to int8 per
+block: kiln.kernels.gemm.nbits_int8 for one row, kiln.kernels.gemm.nbits_int8_gemm for
+more) against onnxruntime's MatMulNBits with accuracy_level=4 (its CompInt8 kernels
+quantize A the same way, so the integer sums are equal and only the float32 sums of the
+blocks differ in order: rtol 1e-5 against outputs of about 10).
 
-One model holds three nodes on one row of A (the GEMV alone, one compile a target):
-blocks of 16 and 128 with packed uint8 zero points, blocks of 32 with the default zero
-point; K = 136 (no multiple of any block: the last block padded), N = 40 (a partial
-panel). Targets: the host's LLVM (VNNI zmm on AVX512-VNNI hosts), its C build, AVX2
-without VNNI (`dot4_u8s8_sat16`: vpmaddubsw, exact for 4-bit codes) and AVX-512BW without
-VNNI. The symbolic-row form (prefill on the float GEMM over the same words) is checked
-on the host's LLVM; float zero points (which onnxruntime keeps in float32) at import.
+One model over symbolic rows holds three nodes (both paths in one kernel, one compile a
+target): blocks of 16 and 128 with packed uint8 zero points, blocks of 32 with the
+default zero point; K = 136 (no multiple of any block: the last block padded), N = 40 (a
+partial panel); rows M = 1 (the GEMV), 2, 7 and 33 (the GEMM: one short row tile, a
+clamped row tile, several chunks with a partial last one). Targets: the host's LLVM (VNNI
+zmm on AVX512-VNNI hosts), its C build, AVX2 without VNNI (`dot4_u8s8_sat16`: vpmaddubsw,
+exact for 4-bit codes) and AVX-512BW without VNNI. Float zero points (which onnxruntime
+keeps in float32) are checked at import.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ AVX2 = "llvm -mcpu=znver4 -mattr=-avx512f"
 AVX512BW = "llvm -mcpu=skylake-avx512"
 #: What each int8 GEMV kernel allocates: A's int8 words.
 INT8_GEMV = "a_words = T.allocate"
+#: What each int8 GEMM kernel allocates: the int8 words of A's rows.
+INT8_GEMM = "a_rows_words = T.allocate"
+#: Rows of A each target runs: the GEMV's one, then the GEMM's.
+ROWS = (1, 2, 7, 33)
 
 
 def _level4(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -51,8 +57,8 @@ def _model(rows: tuple[int | str, ...], cases: dict[str, tuple[int, str]]) -> on
 
 
 @pytest.fixture(scope="module")
-def one_row() -> onnx.ModelProto:
-    return _model((1, 1), CASES)
+def any_rows() -> onnx.ModelProto:
+    return _model((1, "seq"), CASES)
 
 
 def _target(name: str) -> Target:
@@ -71,40 +77,21 @@ def _feeds(names: Any, rows: tuple[int, ...], seed: int) -> dict[str, np.ndarray
 
 
 @pytest.mark.parametrize("name", ["llvm", "c", AVX2, AVX512BW])
-def test_int8_gemv_matches_onnxruntime(one_row: onnx.ModelProto, name: str) -> None:
+def test_int8_gemv_and_gemm_match_onnxruntime(any_rows: onnx.ModelProto, name: str) -> None:
     target = _target(name)
     if isa_for(target).int8_dot is None:
         pytest.skip(f"{name} has no integer dot product: the float GEMV runs")
-    compiled = kiln.compile(from_onnx(one_row), target)
-    assert compiled.ir.script().count(INT8_GEMV) == len(CASES)
-    for seed in range(3):
-        feeds = _feeds(CASES, (1, 1), seed)
-        want = onnxruntime_outputs(one_row, feeds)
+    compiled = kiln.compile(from_onnx(any_rows), target)
+    script = compiled.ir.script()
+    assert script.count(INT8_GEMV) == len(CASES)
+    assert script.count(INT8_GEMM) == len(CASES)
+    for m in ROWS:
+        feeds = _feeds(CASES, (1, m), m)
+        want = onnxruntime_outputs(any_rows, feeds)
         got = compiled["main"](*feeds.values())
         for case, g, w in zip(CASES, got, want):
             np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-4,
-                                       err_msg=f"{case} on {name}")
-
-
-def test_prefill_takes_the_float_gemm_on_the_same_words() -> None:
-    """Over symbolic rows M = 1 takes the int8 GEMV (against onnxruntime at level 4),
-    M > 1 the float GEMM on the same words (against onnxruntime at level 0: float32
-    sums)."""
-    target = _target("llvm")
-    if isa_for(target).int8_dot is None:
-        pytest.skip("this host has no integer dot product")
-    cases = {"k32": (32, "packed")}
-    model = _model((1, "seq"), cases)
-    float32 = onnx.ModelProto()
-    float32.CopyFrom(model)
-    del float32.graph.node[0].attribute[-1]  # accuracy_level
-    compiled = kiln.compile(from_onnx(model), target)
-    assert compiled.ir.script().count(INT8_GEMV) == 1
-    for seq in (1, 5):
-        feeds = _feeds(cases, (1, seq), seq)
-        want = onnxruntime_outputs(model if seq == 1 else float32, feeds)[0]
-        np.testing.assert_allclose(np.asarray(compiled["main"](*feeds.values())), want,
-                                   rtol=1e-5, atol=1e-4, err_msg=f"M = {seq}")
+                                       err_msg=f"{case} on {name}, M = {m}")
 
 
 @pytest.mark.parametrize(("zp", "int8"), [("none", True), ("packed", True), ("float", False)])

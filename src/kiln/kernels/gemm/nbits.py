@@ -23,6 +23,11 @@ loop's prefill and decode steps call the same kernel):
   dequantization is O(K N) a chunk against O(mc K N) multiply-adds. Over a symbolic M
   the tiles always run in parallel (a prompt's product is large; a serial twin chosen at
   run time would double the kernel's code and compile time for rare small products).
+
+At accuracy level 4 (4-bit codes, an ISA with an integer dot product) B is packed in
+`pack_nbits_words`' words and A is quantized to int8 per block: the GEMV of
+kiln.kernels.gemm.nbits_int8 for M = 1, the GEMM of kiln.kernels.gemm.nbits_int8_gemm
+for M > 1.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from kiln.kernels.epilogue import fused_store
 from kiln.kernels.gemm.families import choose_tile
 from kiln.kernels.gemm.micro_kernel import unflatten
 from kiln.kernels.gemm.nbits_int8 import gemv_nbits_int8, tile_panels_of
+from kiln.kernels.gemm.nbits_int8_gemm import gemm_nbits_int8
 from kiln.kernels.registry import Family
 from kiln.kernels.tiles import (
     Epilogue,
@@ -329,7 +335,11 @@ def gemm_nbits(nest: NbitsNest, mr: int) -> Stmt:
     """M > 1: parallel tiles of (panel, chunk of `GEMM_CHUNK_TILES` row tiles); each K
     block of the panel is dequantized once into a float tile on the stack, which every
     row tile of the chunk multiplies into its partial sums (the float32 micro-kernel's
-    register tile: `mr` broadcasts of A by `nr` lanes a step)."""
+    register tile: `mr` broadcasts of A by `nr` lanes a step). At accuracy level 4 (B in
+    words) A is quantized to int8 instead (kiln.kernels.gemm.nbits_int8_gemm)."""
+    if nest.words:
+        return gemm_nbits_int8(nest, mr, GEMM_CHUNK_TILES, lambda p, row0, here, psum:
+                               _chunk_stores(nest, p, row0, here, psum))
     m = dim_product(nest.rows)
     mc = mr * GEMM_CHUNK_TILES
     chunks = cast(int, (m + mc - 1) // mc)  # symbolic where M is

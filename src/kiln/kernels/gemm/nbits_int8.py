@@ -24,8 +24,8 @@ them, which keeps one thread below the memory bandwidth. Here the codes stay int
 - **Each block's end**: `acc += scale_b * (scale_a * dot - zero_point * scale_a * sum(q))`
   in float32, the zero point folded as in the float GEMV.
 
-Rows of A past one (prefill) take the float GEMM on dequantized blocks
-(kiln.kernels.gemm.nbits), which reads the same words.
+Rows of A past one (prefill) take the int8 GEMM on the same words
+(kiln.kernels.gemm.nbits_int8_gemm).
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ if TYPE_CHECKING:
 TileStore = Callable[[PrimExpr, int, Buffer], Stmt]
 
 
-
 def tile_panels_of(t: PrimExpr, rows: int, count: int) -> tuple[list[Stmt], list[Var]]:
     """The panels `t * rows ...` of GEMV tile `t` as variables (the lets binding them and
     the variables), each clamped to the last of `count` panels: a last tile's surplus
@@ -88,7 +87,8 @@ def tile_panels(isa: ISA) -> int:
 
 #: The largest |q| of A's int8 codes (symmetric, as MLAS: -128 is never produced).
 Q_MAX = 127.0
-_LOW_NIBBLES = 0x0F0F0F0F
+#: The mask of a word's four low nibbles (codes unsigned, 0 to 15).
+LOW_NIBBLES = 0x0F0F0F0F
 #: Word rows (of `nr` columns, 128 bytes on AVX-512) ahead of the sums that each step
 #: prefetches, rounded up to whole blocks, with the scales of that block: a tile reads
 #: its panels as 2 x `tile_panels` streams, which the hardware prefetchers leave behind
@@ -110,14 +110,19 @@ def _f32(v: float) -> PrimExpr:
     return as_expr(v, "float32")
 
 
-def quantize_a(nest: NbitsNest, aw: Buffer, ascale: Buffer, aqsum: Buffer) -> Stmt:
-    """A's row (zero past K) as int8 words `aw[blocks * block / 4]`, each block's scale
-    `ascale[blk]` and its codes' sum times that scale `aqsum[blk]`."""
+def quantize_a(nest: NbitsNest, aw: Buffer, ascale: Buffer, aqsum: Buffer,
+               lead: tuple[PrimExpr, ...] | None = None, first: PrimExpr | None = None
+               ) -> Stmt:
+    """A's row at `lead` (the first row by default; zero past K) as int8 words from
+    `aw[first * block / 4]` (`first` the row's first block, 0 by default), each block's
+    scale `ascale[first + blk]` and its codes' sum times that scale `aqsum[first + blk]`."""
     block, quarter = nest.block, nest.block // 4
-    lead = (const(0),) * (nest.a.ndim - 1)
+    lead = lead if lead is not None else (const(0),) * (nest.a.ndim - 1)
+    first = first if first is not None else const(0)
     blk, i, g = (Var(v, INDEX_DTYPE) for v in ("blk", "i", "g"))
     amax, scale, inv = (Var(v, "float32") for v in ("amax", "scale", "inv"))
     peak = Buffer("a_peak", (1,), "float32", "local")
+    lane_peak = Buffer("a_lane_peak", (quarter,), "float32", "local")
     qpart = Buffer("a_qpart", (quarter,), "int32", "local")
     qtot = Buffer("a_qtotal", (1,), "int32", "local")
 
@@ -132,9 +137,14 @@ def quantize_a(nest: NbitsNest, aw: Buffer, ascale: Buffer, aqsum: Buffer) -> St
         return Cast("int32", Intrin("round", (a_at(kk) * inv,)))
 
     base = blk * block
-    find_peak = seq(Store(peak, _f32(0.0), (const(0),)), For(
-        i, const(0), const(block), "serial",
-        Store(peak, max_(peak[const(0)], Intrin("abs", (a_at(base + i),))), (const(0),))))
+    # each lane's peak over its 4 values (one vector op each), then the lanes' peak: a
+    # serial scan of the block would chain `block` dependent max operations
+    mags = [Intrin("abs", (a_at(base + g + b * quarter),)) for b in range(4)]
+    lanes = For(g, const(0), const(quarter), "vectorized", Store(
+        lane_peak, max_(max_(mags[0], mags[1]), max_(mags[2], mags[3])), (g,)))
+    find_peak = seq(lanes, Store(peak, _f32(0.0), (const(0),)), For(
+        i, const(0), const(quarter), "serial",
+        Store(peak, max_(peak[const(0)], lane_peak[i]), (const(0),))))
     qs = [Var(f"q{b}", "int32") for b in range(4)]
     byte = Const(255, "int32")
     word: PrimExpr = qs[3] << Const(24, "int32")
@@ -142,7 +152,7 @@ def quantize_a(nest: NbitsNest, aw: Buffer, ascale: Buffer, aqsum: Buffer) -> St
         word = word | ((qs[b] & byte) << Const(8 * b, "int32"))
     pack = For(g, const(0), const(quarter), "vectorized", seq(
         *(LetStmt(qs[b], q(base + g + b * quarter)) for b in range(4)),
-        Store(aw, word, (blk * quarter + g,)),
+        Store(aw, word, ((first + blk) * quarter + g,)),
         Store(qpart, qs[0] + qs[1] + qs[2] + qs[3], (g,))))
     total = seq(Store(qtot, Const(0, "int32"), (const(0),)), For(
         g, const(0), const(quarter), "serial",
@@ -150,9 +160,9 @@ def quantize_a(nest: NbitsNest, aw: Buffer, ascale: Buffer, aqsum: Buffer) -> St
     body = seq(
         find_peak, LetStmt(amax, peak[const(0)]), LetStmt(scale, amax / _f32(Q_MAX)),
         LetStmt(inv, select(compare("ne", scale, _f32(0.0)), _f32(1.0) / scale, _f32(0.0))),
-        pack, total, Store(ascale, scale, (blk,)),
-        Store(aqsum, Cast("float32", qtot[const(0)]) * scale, (blk,)))
-    return seq(Allocate(peak), Allocate(qpart), Allocate(qtot),
+        pack, total, Store(ascale, scale, (first + blk,)),
+        Store(aqsum, Cast("float32", qtot[const(0)]) * scale, (first + blk,)))
+    return seq(Allocate(peak), Allocate(lane_peak), Allocate(qpart), Allocate(qtot),
                For(blk, const(0), const(nest.blocks), "serial", body))
 
 
@@ -167,7 +177,7 @@ def _block(nest: NbitsNest, panels: list[Var], blk: PrimExpr, aw: Buffer,
         Store(part, Const(0, "int32"), (const(r), v)) for r in range(rows))))
     j = Var("j", INDEX_DTYPE)
     lo, hi = Var("a_lo", "int32"), Var("a_hi", "int32")
-    mask = Const(_LOW_NIBBLES, "int32")
+    mask = Const(LOW_NIBBLES, "int32")
 
     def lane(v: PrimExpr) -> Stmt:
         out: list[Stmt] = []
