@@ -604,13 +604,15 @@ def c_sample(cases: Sequence[Case]) -> list[Case]:
     return sorted(op_cover(cases), key=lambda c: c.name)
 
 
-def run_compiled(cases: Sequence[Case], target: str = "llvm", batch: int = 40
+def run_compiled(cases: Sequence[Case], target: str = "llvm", batch: int = 400
                  ) -> list[Outcome]:
     """Compile the cases in batches (one module, one function per case), jit, check.
 
-    A batch that fails to compile is retried case by case, so a failure names
-    its case. A case this process compiled for `target` before (the same name and
-    model) is not compiled again: its outcome is reused (compiled_case).
+    The default batch holds a sample (compiled_sample, c_sample) whole: one library per
+    target, not one per 40 cases (each library links and compiles its host code anew).
+    A batch that fails to compile is retried in halves down to single cases, so a
+    failure names its case. A case this process compiled for `target` before (the same
+    name and model) is not compiled again: its outcome is reused (compiled_case).
     """
     todo = [c for c in cases if (target, case_key(c)) not in _OUTCOMES]
     keys = {c.name: case_key(c) for c in todo}
@@ -691,7 +693,10 @@ def _run_batch(cases: list[Case], target: str) -> list[Outcome]:
                 kiln.compile(mod, target).jit()
             except Exception as exc:
                 return [*outcomes, _failed(case, exc)]
-        return outcomes + [o for c, _ in imported.values() for o in _run_batch([c], target)]
+        # halves: a failing case among hundreds costs a few compiles, not one per case
+        tried = [c for c, _ in imported.values()]
+        half = len(tried) // 2
+        return outcomes + _run_batch(tried[:half], target) + _run_batch(tried[half:], target)
     seconds = (time.perf_counter() - start) / len(imported)
     for name, (case, m) in imported.items():
         _COMPILED[(target, case_key(case))] = CompiledCase(lib, name, m)

@@ -442,9 +442,7 @@ def _fuzz_round(cases: Sequence[ns.Case], target: str, patterns: Sequence[str],
             chosen.append(case)
     plans = {c.name: variants(c, patterns, seeds) for c in chosen}
     start = time.perf_counter()
-    ort = run_onnxruntime([Job(c.name, c.model.SerializeToString(), c.outputs,
-                               [c.inputs] + [v.inputs for v in plans[c.name]])
-                           for c in chosen])
+    ort = _onnxruntime_runs(chosen, plans, (tuple(patterns), seeds))
     report.seconds["onnxruntime"] += time.perf_counter() - start
     chosen = pick([c for c in chosen if _onnxruntime_passes(c, ort[c.name], report)])
     start = time.perf_counter()
@@ -462,6 +460,25 @@ def _fuzz_round(cases: Sequence[ns.Case], target: str, patterns: Sequence[str],
         fuzzed.append(case)
     report.seconds["kiln"] += time.perf_counter() - start
     return fuzzed
+
+
+# (case_key, (patterns, seeds)) -> onnxruntime's runs of the case's own inputs and its
+# variants: neither depends on the target (`variants` draws from the case's name), so
+# the second target's fuzz in a process reuses the first's child process's results.
+_ORT_RUNS: dict[tuple[str, Any], str | list[Any]] = {}
+
+
+def _onnxruntime_runs(cases: Sequence[ns.Case], plans: dict[str, list[Variant]], draw: Any
+                      ) -> dict[str, str | list[Any]]:
+    """Case name -> run_onnxruntime's result for `cases`, run in one child process for
+    the cases this process has not run with the same patterns and seeds (`draw`)."""
+    todo = [c for c in cases if (ns.case_key(c), draw) not in _ORT_RUNS]
+    if todo:
+        ran = run_onnxruntime([Job(c.name, c.model.SerializeToString(), c.outputs,
+                                   [c.inputs] + [v.inputs for v in plans[c.name]])
+                               for c in todo])
+        _ORT_RUNS.update({(ns.case_key(c), draw): ran[c.name] for c in todo})
+    return {c.name: _ORT_RUNS[(ns.case_key(c), draw)] for c in cases}
 
 
 def _onnxruntime_passes(case: ns.Case, runs: str | list[Any], report: Report) -> bool:

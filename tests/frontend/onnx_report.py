@@ -142,9 +142,9 @@ def render(results: SuiteResults) -> str:
         "reference interpreter after legalization (`COMPILED_ONLY` cases run compiled "
         "only); `compiled_sample` (the first case of every op-types/dtypes group of graphs "
         "of at most 10 nodes, plus a case of every op type) is compiled for `llvm`, and "
-        "`c_sample` (a case of every op type) for `c`, in batches of 40 cases per module, "
-        "and run through `jit()`; onnxruntime runs every case's own model in a child "
-        "process. Outputs match with rtol 1e-4 / atol 1e-5 for float32/64, 1e-3 for "
+        "`c_sample` (a case of every op type) for `c`, in modules of up to 400 cases (one "
+        "per target), and run through `jit()`; onnxruntime runs every case's own model in "
+        "a child process. Outputs match with rtol 1e-4 / atol 1e-5 for float32/64, 1e-3 for "
         "float16, 8e-3 for bfloat16, exactly for integers and bools (`TOLERANCE` lists the "
         "exceptions), for kiln and onnxruntime alike.",
         "",

@@ -6,9 +6,11 @@ The cases are those the node suite compiles (`compiled_sample` for llvm, `c_samp
 c) that have a float data input, plus a case of every op type they miss that
 onnxruntime runs; their modules are the node suite's (node_suite.run_compiled compiles
 a case once per process), so the fuzz costs the variants' runs and one onnxruntime
-child process per target. Every difference must be covered by an ALLOW entry
-(nonfinite.py), and every entry must still cover one: a fixed difference fails the
-test until its entry is removed. bench/fuzz_nonfinite.py runs every case by hand.
+child process per target, the second's for the cases the first did not run (the
+variants do not depend on the target: nonfinite._onnxruntime_runs). Every difference
+must be covered by an ALLOW entry (nonfinite.py), and every entry must still cover
+one: a fixed difference fails the test until its entry is removed.
+bench/fuzz_nonfinite.py runs every case by hand.
 """
 
 from __future__ import annotations

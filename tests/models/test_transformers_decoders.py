@@ -12,8 +12,10 @@ Each case compiles once for llvm, is exported with `export_library` and loaded b
 and the loaded library runs the three sizes; every output must match onnxruntime's
 with a relative L2 error below 1e-4. One case also runs its library in a fresh process.
 
-CI size: GPT-2, T5 and Whisper run with 2 decoder layers instead of the published 12,
-6 and 4 (one layer's op patterns repeated fewer times: every pattern is kept), a
+CI size: GPT-2 with past key/values runs with 2 decoder layers instead of the published
+12 (each layer's past must reach its own layer, and its present come back as its own
+output), the others with 1 (GPT-2, T5, Whisper and the Llama repeat one layer's op
+patterns: every pattern is kept, and a second layer adds only export time), a
 vocabulary of CI_VOCAB tokens instead of 32000 to 51865 (the embedding tables and LM
 heads held most of the weights, and their export, compile and load most of the time;
 their ops and widths are kept), and each model with one exporter, alternating
@@ -49,7 +51,8 @@ from kiln.runtime import load_module
 
 MAX_REL_L2 = 1e-4
 FULL = os.environ.get("KILN_FULL_MODELS") == "1"
-CI_LAYERS = 2
+# Decoder layers in CI: two where the cache is an input, one elsewhere (module docstring).
+CI_LAYERS = {"gpt2_past": 2}
 # No multiple of any vector width or GEMM tile, as the published 50257 and 51865 are not.
 CI_VOCAB = 2003
 
@@ -111,10 +114,11 @@ def _outputs(result: Any) -> list[np.ndarray]:
 
 
 def _check(compiled: Compiled, outputs_of: Any) -> None:
-    for sizes in SIZES:
-        feeds = compiled.feeds(sizes)
+    """Every size's outputs, `outputs_of(feeds of every size)` (one list of outputs per
+    size), against onnxruntime's."""
+    every = [compiled.feeds(sizes) for sizes in SIZES]
+    for sizes, feeds, gots in zip(SIZES, every, outputs_of(every), strict=True):
         wants = compiled.session.run(None, feeds)
-        gots = outputs_of(feeds)
         assert len(gots) == len(wants) == len(compiled.decoder.outputs)
         for out_name, got, want in zip(compiled.decoder.outputs, gots, wants, strict=True):
             assert got.shape == want.shape, f"{out_name} at {sizes}"
@@ -134,37 +138,41 @@ CI_CASES = [(name, exporter) for name in MODELS for exporter in hf_decoders.EXPO
 @pytest.mark.parametrize(("name", "exporter"), CI_CASES)
 def test_decoder_matches_onnxruntime_at_three_sizes(name: str, exporter: str,
                                                      tmp_path: Path) -> None:
-    compiled = Compiled(name, exporter, CI_LAYERS, CI_VOCAB, tmp_path)
+    compiled = Compiled(name, exporter, CI_LAYERS.get(name, 1), CI_VOCAB, tmp_path)
     # Every axis the export left dynamic is symbolic in kiln.
     named = {i.name: [d for d in i.dims if isinstance(d, str)]
              for i in compiled.decoder.inputs}
     assert _symbolic_input_dims(compiled.module) == named
     library = load_module(compiled.library)["main"]
-    _check(compiled, lambda feeds: _outputs(library(*feeds.values())))
+    _check(compiled, lambda every: [_outputs(library(*f.values())) for f in every])
     if (name, exporter) == FRESH_PROCESS_CASE:
-        _check(compiled, lambda feeds: _run_in_fresh_process(compiled.library, feeds, tmp_path))
+        _check(compiled, lambda every: _run_in_fresh_process(compiled.library, every, tmp_path))
 
 
-def _run_in_fresh_process(library: Path, feeds: dict[str, np.ndarray],
-                          directory: Path) -> list[np.ndarray]:
-    """The outputs of `library` on `feeds`, computed by a new Python process that has
-    neither onnx nor torch (a subprocess: a crash there fails this test cleanly)."""
-    np.savez(directory / "feeds.npz", **feeds)
+def _run_in_fresh_process(library: Path, every: list[dict[str, np.ndarray]],
+                          directory: Path) -> list[list[np.ndarray]]:
+    """The outputs of `library` on each of `every` (feeds), computed by one new Python
+    process that has neither onnx nor torch (a subprocess: a crash there fails this
+    test cleanly) and loads the library once."""
+    for k, feeds in enumerate(every):
+        np.savez(directory / f"feeds{k}.npz", **feeds)
     script = textwrap.dedent(f"""
         import sys
         sys.modules["onnx"] = sys.modules["torch"] = None   # the deploy side needs neither
         import numpy as np
         from kiln.runtime import load_module
-        feeds = np.load({str(directory / "feeds.npz")!r})
-        result = load_module({str(library)!r})["main"](*(feeds[k] for k in feeds.files))
-        result = result if isinstance(result, (tuple, list)) else [result]
-        np.savez({str(directory / "outputs.npz")!r}, *[np.asarray(r) for r in result])
+        main = load_module({str(library)!r})["main"]
+        for k in range({len(every)}):
+            feeds = np.load({str(directory)!r} + f"/feeds{{k}}.npz")
+            result = main(*(feeds[name] for name in feeds.files))
+            result = result if isinstance(result, (tuple, list)) else [result]
+            np.savez({str(directory)!r} + f"/outputs{{k}}.npz", *[np.asarray(r) for r in result])
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300, env=child_env())
     assert proc.returncode == 0, proc.stderr
-    outputs = np.load(directory / "outputs.npz")
-    return [outputs[f"arr_{k}"] for k in range(len(outputs.files))]
+    outputs = [np.load(directory / f"outputs{k}.npz") for k in range(len(every))]
+    return [[out[f"arr_{k}"] for k in range(len(out.files))] for out in outputs]
 
 
 def _median_seconds(fn: Any, repeat: int = 5) -> float:
@@ -184,7 +192,7 @@ def test_full_size_decoder(name: str, exporter: str, tmp_path: Path) -> None:
     """The published configuration; prints compile time and per-size latency."""
     compiled = Compiled(name, exporter, None, None, tmp_path)
     library = load_module(compiled.library)["main"]
-    _check(compiled, lambda feeds: _outputs(library(*feeds.values())))
+    _check(compiled, lambda every: [_outputs(library(*f.values())) for f in every])
     print(f"\n{name} ({exporter}): compile {compiled.compile_seconds:.1f} s")
     for sizes in SIZES:
         feeds = compiled.feeds(sizes)
