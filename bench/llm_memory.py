@@ -10,8 +10,8 @@ step per fresh process, the peak RSS of each against the weights (issue 61).
 The defaults are TinyLlama's sizes (1.1B parameters: 4.1 GiB of float32 weights). A
 transformers LlamaForCausalLM of those sizes with random weights (tests/support/genai.py)
 goes through onnxruntime-genai's model builder at each precision (`-p fp32`, `-p int4
--e cpu`); the folders are kept under `--dir` and used again by a later run (the build
-needs about 3x the float32 weights free). Then, per precision, each in a fresh process,
+-e cpu`); the folders are kept under `--dir` and used again by a later run (the int4
+build peaks at about 2.4x the float32 weights). Then, per precision, each in a fresh process,
 one at a time:
 
 1. compile: `kiln.from_onnx` and `kiln.compile` (compile cache off), the peak RSS;
@@ -54,10 +54,10 @@ def peak_rss_mib() -> float:
     return float("nan")
 
 
-def rss_mib() -> float:
-    """This process's resident set now (VmRSS)."""
+def rss_mib(field: str = "VmRSS") -> float:
+    """This process's resident set now (VmRSS; RssAnon, RssFile: its two parts)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -137,6 +137,7 @@ def step_generate(args: argparse.Namespace) -> dict[str, Any]:
     out["decode_tps"] = (len(stamps) - 1) / (stamps[-1] - stamps[0])
     out["tokens"] = np.asarray(tokens).tolist()
     out["peak_mib"] = peak_rss_mib()
+    out["end_anon_mib"], out["end_file_mib"] = rss_mib("RssAnon"), rss_mib("RssFile")
     out["modules"] = sorted(m for m in ("llvmlite", "onnx", "kiln.codegen", "torch")
                             if m in sys.modules)
     return out
