@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
 from kiln._registry import suggest
 from kiln.errors import CallError, UsageError
@@ -329,6 +330,7 @@ class PackedFunction:
         if not self._written:
             return
         arrays = [(i, v) for i in self._tensors if isinstance(v := values[i], np.ndarray)]
+        near = _intersecting_spans(arrays)
         for i, w in arrays:
             if i not in self._written:
                 continue
@@ -336,8 +338,8 @@ class PackedFunction:
                 raise self._wheres[i].error(
                     "the array is read-only but the function writes into it; pass a writable "
                     "array (e.g. a copy)")
-            for j, other in arrays:
-                if j != i and np.may_share_memory(w, other) and np.shares_memory(w, other):
+            for j in sorted(near.get(i, ())):
+                if np.shares_memory(w, values[j]):
                     raise self._wheres[i].error(
                         f"overlaps argument {j} '{self._wheres[j].name}' in memory; the "
                         "function writes it while reading the other, so pass distinct arrays")
@@ -527,6 +529,28 @@ def allocate_result(shape: Sequence[int], dtype: np.dtype[Any], where: Where) ->
         raise where.error(
             f"cannot allocate the result: shape {ctypes_abi.format_shape(shape)} of "
             f"{dtype.name} is {_nbytes(shape, dtype)} bytes ({_why_not(exc)})") from None
+
+
+def _intersecting_spans(arrays: Sequence[tuple[int, np.ndarray]]) -> dict[int, list[int]]:
+    """For each argument index of `arrays`, the others whose byte ranges intersect its own
+    (`np.may_share_memory`'s bounds test), by one sweep over the ranges sorted by start:
+    a decoder's step passes ~100 arrays, and testing every written one against every
+    other pair by pair cost more than a millisecond a call."""
+    spans = []
+    for i, a in arrays:
+        lo, hi = byte_bounds(a)
+        if lo < hi:  # an empty array shares nothing
+            spans.append((lo, hi, i))
+    spans.sort()
+    near: dict[int, list[int]] = {}
+    open_spans: list[tuple[int, int]] = []  # (end, index) of the ranges not passed yet
+    for lo, hi, i in spans:
+        open_spans = [(end, j) for end, j in open_spans if end > lo]
+        for _, j in open_spans:
+            near.setdefault(i, []).append(j)
+            near.setdefault(j, []).append(i)
+        open_spans.append((hi, i))
+    return near
 
 
 def _contiguous_copy(array: np.ndarray, where: Where) -> np.ndarray:
