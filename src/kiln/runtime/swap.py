@@ -372,12 +372,13 @@ def swap_weights(module: Module, source: Any) -> None:
     with _writable(address, size), lib.calls_paused():
         view = np.frombuffer(memoryview((ctypes.c_uint8 * size).from_address(address)),
                              np.uint8)
-        for offset, data in pieces:  # the check's table follows, as in the C swap
-            rewritten(address + offset, data.nbytes, 0)
+        # The check's table follows, as in the C swap: one span, each chunk hashed once.
+        lo = min((offset for offset, _ in pieces), default=0)
+        hi = max((offset + data.nbytes for offset, data in pieces), default=0)
+        rewritten(address + lo, hi - lo, 0)
         for offset, data in pieces:
             view[offset:offset + data.size] = data
-        for offset, data in pieces:
-            rewritten(address + offset, data.nbytes, 1)
+        rewritten(address + lo, hi - lo, 1)
 
 
 def _check_follower(lib: Any) -> Any:

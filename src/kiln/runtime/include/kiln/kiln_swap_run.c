@@ -510,14 +510,21 @@ KILN_SWAP_VISIBLE __attribute__((weak)) int64_t KILN_SWAP_REWRITTEN(const void* 
                                                                    int32_t phase);
 #endif
 
-/* The weights check's `phase` for every built constant (see KILN_SWAP_REWRITTEN). */
+/* The weights check's `phase` over the span of the built constants (see
+   KILN_SWAP_REWRITTEN): one call, so a chunk holding many small constants is hashed
+   once a phase; the unchanged bytes between them hash as they did. */
 static void kiln_swap_rewritten(kiln_swap_array* built, const int64_t* offsets, int64_t n,
                                 uintptr_t start, int32_t phase) {
 #if defined(KILN_SWAP_REWRITTEN)
+  uint64_t lo = UINT64_MAX, hi = 0, end;
   int64_t k;
-  for (k = 0; k < n && KILN_SWAP_REWRITTEN; ++k)
-    KILN_SWAP_REWRITTEN((const uint8_t*)start + offsets[k],
-                        (uint64_t)built[k].n * kiln_swap_itemsize(built[k].dtype), phase);
+  for (k = 0; k < n; ++k) {
+    end = (uint64_t)offsets[k] + (uint64_t)built[k].n * kiln_swap_itemsize(built[k].dtype);
+    if ((uint64_t)offsets[k] < lo) lo = (uint64_t)offsets[k];
+    if (end > hi) hi = end;
+  }
+  if (KILN_SWAP_REWRITTEN && lo < hi)
+    KILN_SWAP_REWRITTEN((const uint8_t*)start + lo, hi - lo, phase);
 #else
   (void)built, (void)offsets, (void)n, (void)start, (void)phase;
 #endif
