@@ -56,7 +56,8 @@ ResNet-50's layers one by one on one thread. `--target` picks kiln's instruction
 path on a VNNI host (onnxruntime still runs its VNNI kernels there), and
 `-mattr=-avx512vnni,-avxvnni` its AVX-512BW one. `--nbits`: the 4-bit GEMVs of a decode
 step (MatMulNBits, one row of A) in GB/s and as a share of the measured memory bandwidth
-(bench/nbits_gemv.py). `--threads 1` times each runtime on one
+(bench/nbits_gemv.py; `--from-memory`: each node repeated so its weights come from
+memory, as in a decode step). `--threads 1` times each runtime on one
 thread by its CPU time (also with `--int8`), and the table prints milliseconds per call.
 """
 
@@ -554,6 +555,9 @@ def main() -> None:
                         help="the 4-bit GEMVs of a decode step (MatMulNBits, M = 1) against "
                              "onnxruntime, in GB/s and as a share of the measured memory "
                              "bandwidth (bench/nbits_gemv.py)")
+    parser.add_argument("--from-memory", action="store_true",
+                        help="with --nbits: each node repeated over 160+ MiB of weights, so "
+                             "every call reads them from memory, as a decode step does")
     parser.add_argument("--ort-isa", choices=("target", "host"), default="target",
                         help="target (default): onnxruntime without the CPU features the "
                              "host has and the target lacks (bench/ort_isa.py; with --int8, "
@@ -574,7 +578,7 @@ def main() -> None:
     if args.nbits:
         print(f"target: {target.kind.name} {describe_target(target)}; threads: {args.threads}")
         os.environ.setdefault("KILN_NUM_THREADS", str(args.threads))
-        print_nbits(target, args.repeat, args.seconds, args.threads)
+        print_nbits(target, args.repeat, args.seconds, args.threads, args.from_memory)
         return
     if args.int8:
         threads = os.environ.get("KILN_NUM_THREADS", f"all ({os.cpu_count()})")

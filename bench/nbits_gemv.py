@@ -7,21 +7,28 @@ int8 GEMV, kiln.kernels.gemm.nbits_int8), in this process.
 A GEMV reads every weight byte once, so it is bound by memory bandwidth once the weights
 leave the caches: the table prints the bytes each call reads (the packed codes and the
 float32 scales), kiln's GB/s over them, and that as a share of this machine's read
-bandwidth, measured first by the same clock on as many threads as the kernels: a numpy
-int32 max over 512 MiB (a copy's GB/s printed beside it). Shapes up to a few MiB stay in
-the L2/L3 caches between calls; the LM heads (39-81 MiB) do not. Shapes: the layers of a
-0.5B and a 1.1B Llama-style model (`SHAPES`).
+bandwidth: a numpy int32 max over 256 MiB on as many threads as the kernels (a copy's GB/s,
+read plus written, printed beside it), timed in the same alternating blocks as each row's
+GEMVs, by the same clock, so a loaded machine's slow spells hit both alike; `%bw` and
+`%bw4` are the medians over rounds of kiln's GB/s over the read's of the same round
+(harness.paired_ratio). Shapes up to a few MiB stay in the L2/L3 caches between calls; the
+LM heads (39-81 MiB) do not, nor do a decode step's weights (hundreds of MiB a step):
+`--from-memory` builds each row's node `copies` times over (one model, the copies in
+sequence, at least `MEMORY_MIB` MiB in all) so every call reads its weights from memory,
+and prints the time of one copy. Shapes: the layers of a 0.5B and a 1.1B Llama-style model
+(`SHAPES`).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
-from harness import alternating_blocks_ms, calls_within
+from harness import alternating_blocks, calls_within, paired_ratio, pooled_ms
 from onnx import TensorProto, helper
 
 import kiln
@@ -31,55 +38,63 @@ MS = "com.microsoft"
 BLOCK = 32
 #: (K, N) of each GEMV: A [1, K] by the 4-bit weight [K, N]. The layers of a 0.5B
 #: (Qwen2-style: hidden 896, FFN 4864, vocabulary 151936) and a 1.1B Llama (hidden 2048,
-#: FFN 5632, vocabulary 32000): attention projections, FFN up and down, the LM head.
+#: FFN 5632, vocabulary 32000): attention projections, FFN up and down, the LM head; and
+#: the LM head of hidden 1024 (the 0.49B of bench/llm.py --genai).
 SHAPES = ((896, 896), (896, 4864), (4864, 896), (896, 151936), (2048, 2048), (2048, 5632),
-          (5632, 2048), (2048, 32000))
+          (5632, 2048), (2048, 32000), (1024, 32000))
 
 
-def stream_bandwidth(threads: int, clock: Callable[[], float], mib: int = 512,
-                     rounds: int = 5) -> tuple[float, float]:
-    """GB/s of a numpy copy of `mib` MiB (read plus written bytes) and of a read of them
-    (an int32 max: a GEMV only reads), split over `threads` threads (numpy releases the
-    GIL in both), the best of `rounds` by `clock` (the kernels' clock)."""
+#: Bytes the read and the copy of the bandwidth stream (`stream_calls`) go over.
+STREAM_MIB = 256
+#: With `--from-memory`, each row's node is repeated to at least this many MiB: several
+#: times the L3 cache (32 MiB on the Zen 5 of docs/performance.md), as a decode step's
+#: weights are.
+MEMORY_MIB = 160
+
+
+def stream_calls(threads: int, mib: int = STREAM_MIB
+                 ) -> tuple[Callable[[], object], Callable[[], object], int]:
+    """A copy of `mib` MiB (numpy's `copyto`) and a read of them (an int32 max: a GEMV
+    only reads), each split over `threads` threads (numpy releases the GIL in both), and
+    the bytes each reads."""
     src = np.ones(mib << 18, np.float32)
     dst = np.empty_like(src)
     words = src.view(np.int32)
     parts = np.array_split(np.arange(src.size), threads)
     bounds = [(int(p[0]), int(p[-1]) + 1) for p in parts]
+    pool = ThreadPoolExecutor(threads)
 
-    def best(fn: Callable[[tuple[int, int]], object]) -> float:
-        fastest = float("inf")
-        with ThreadPoolExecutor(threads) as pool:
-            for _ in range(rounds):
-                start = clock()
-                if threads == 1:
-                    fn(bounds[0])
-                else:
-                    list(pool.map(fn, bounds))
-                fastest = min(fastest, clock() - start)
-        return fastest
+    def split(fn: Callable[[tuple[int, int]], object]) -> Callable[[], object]:
+        if threads == 1:
+            return lambda: fn(bounds[0])
+        return lambda: list(pool.map(fn, bounds))
 
-    copy = best(lambda b: np.copyto(dst[b[0]:b[1]], src[b[0]:b[1]]))
-    read = best(lambda b: words[b[0]:b[1]].max())
-    return 2 * src.nbytes / copy / 1e9, src.nbytes / read / 1e9
+    copy = split(lambda b: np.copyto(dst[b[0]:b[1]], src[b[0]:b[1]]))
+    read = split(lambda b: words[b[0]:b[1]].max())
+    return copy, read, src.nbytes
 
 
-def nbits_model(k: int, n: int, accuracy_level: int, rng: np.random.Generator
-                ) -> tuple[onnx.ModelProto, int]:
-    """A one-node MatMulNBits model (random codes and scales) and its weight bytes."""
+def nbits_model(k: int, n: int, accuracy_level: int, rng: np.random.Generator,
+                copies: int = 1) -> tuple[onnx.ModelProto, int]:
+    """A MatMulNBits model (random codes and scales) of `copies` nodes on the same A, each
+    with its own weights and output, and the weight bytes of one node."""
     blocks = -(-k // BLOCK)
-    b = rng.integers(0, 256, (n, blocks, BLOCK // 2), dtype=np.uint8)
-    scales = rng.uniform(0.001, 0.01, (n, blocks)).astype(np.float32)
-    inits = [helper.make_tensor("b", TensorProto.UINT8, b.shape, b.tobytes(), raw=True),
-             helper.make_tensor("s", TensorProto.FLOAT, scales.shape, scales.tobytes(),
-                                raw=True)]
     attrs = {"K": k, "N": n, "bits": 4, "block_size": BLOCK}
     if accuracy_level:
         attrs["accuracy_level"] = accuracy_level
-    node = helper.make_node("MatMulNBits", ["x", "b", "s"], ["y"], domain=MS, **attrs)
+    inits, nodes, outputs = [], [], []
+    for c in range(copies):
+        b = rng.integers(0, 256, (n, blocks, BLOCK // 2), dtype=np.uint8)
+        scales = rng.uniform(0.001, 0.01, (n, blocks)).astype(np.float32)
+        inits += [helper.make_tensor(f"b{c}", TensorProto.UINT8, b.shape, b.tobytes(), raw=True),
+                  helper.make_tensor(f"s{c}", TensorProto.FLOAT, scales.shape,
+                                     scales.tobytes(), raw=True)]
+        nodes.append(helper.make_node("MatMulNBits", ["x", f"b{c}", f"s{c}"], [f"y{c}"],
+                                      domain=MS, **attrs))
+        outputs.append(helper.make_tensor_value_info(f"y{c}", TensorProto.FLOAT, [1, n]))
     graph = helper.make_graph(
-        [node], "gemv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], inits)
+        nodes, "gemv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+        outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid(MS, 1)])
     return model, b.nbytes + scales.nbytes
@@ -95,32 +110,45 @@ def _ort(model: onnx.ModelProto, threads: int) -> Callable[[dict[str, np.ndarray
     return lambda feed: session.run(None, feed)
 
 
+#: Rounds of alternating blocks a row is timed over (each: the stream's copy and read,
+#: then each GEMV), medians over all.
+ROUNDS = 10
+
+
 def print_nbits(target: kiln.target.Target, repeat: int, seconds: float,
-                threads: int) -> list[str]:
+                threads: int, from_memory: bool = False) -> list[str]:
     """Times each shape and prints (and returns) the table's lines."""
-    clock = time.thread_time if threads == 1 else time.perf_counter
-    copy, bandwidth = stream_bandwidth(threads, clock)
-    lines = [f"memory bandwidth, {threads} thread(s), timed by "
-             f"{'CPU time' if threads == 1 else 'wall time'}: read {bandwidth:.1f} GB/s "
-             f"(int32 max of 512 MiB; %bw columns), copy {copy:.1f} GB/s (read + written)",
-             ""]
-    lines.append(f"{'K x N':<12} {'MiB':>6} {'kiln us':>8} {'kiln4 us':>8} {'ort us':>8} "
-                 f"{'ort4 us':>8} {'kiln GB/s':>9} {'kiln4 GB/s':>10} {'%bw':>5} "
-                 f"{'%bw4':>5} {'kiln/ort':>8} {'kiln4/ort4':>10} {'err4':>8}")
+    clock = "CPU time" if threads == 1 else "wall time"
+    where = (f"weights from memory (each node {MEMORY_MIB}+ MiB over its copies)"
+             if from_memory else "weights in cache when they fit")
+    lines = [f"{threads} thread(s), timed by {clock}, {ROUNDS} rounds of alternating blocks; "
+             f"{where}; read/copy: an int32 max / a copy of {STREAM_MIB} MiB in the same "
+             f"rounds; load average {os.getloadavg()[0]:.1f}", ""]
+    lines.append(f"{'K x N':<12} {'MiB':>6} {'copies':>6} {'read GB/s':>9} {'copy GB/s':>9} "
+                 f"{'kiln us':>8} {'kiln4 us':>8} {'ort us':>8} {'ort4 us':>8} "
+                 f"{'kiln GB/s':>9} {'kiln4 GB/s':>10} {'%bw':>5} {'%bw4':>5} "
+                 f"{'kiln/ort':>8} {'kiln4/ort4':>10} {'err4':>8}")
     print("\n".join(lines), flush=True)
+    copy, read, stream_bytes = stream_calls(threads)
     for k, n in SHAPES:
-        line = _row(k, n, target, repeat, seconds, threads, bandwidth)
+        line = _row(k, n, target, repeat, seconds, threads, from_memory,
+                    {"read": read, "copy": copy}, stream_bytes)
         print(line, flush=True)
         lines.append(line)
+    lines.append(f"load average at the end {os.getloadavg()[0]:.1f}")
+    print(lines[-1], flush=True)
     return lines
 
 
 def _row(k: int, n: int, target: kiln.target.Target, repeat: int, seconds: float,
-         threads: int, bandwidth: float) -> str:
+         threads: int, from_memory: bool, stream: dict[str, Callable[[], object]],
+         stream_bytes: int) -> str:
     """The table's line of one shape: kiln and onnxruntime at accuracy levels 0 (float32
-    sums) and 4 (A quantized to int8 per block)."""
-    model, nbytes = nbits_model(k, n, 0, np.random.default_rng(k + n))
-    model4 = nbits_model(k, n, 4, np.random.default_rng(k + n))[0]
+    sums) and 4 (A quantized to int8 per block), beside the stream's read and copy."""
+    nbytes = nbits_model(k, n, 0, np.random.default_rng(k + n))[1]
+    copies = max(1, -(-(MEMORY_MIB << 20) // nbytes)) if from_memory else 1
+    model = nbits_model(k, n, 0, np.random.default_rng(k + n), copies)[0]
+    model4 = nbits_model(k, n, 4, np.random.default_rng(k + n), copies)[0]
     fn = kiln.compile(from_onnx(model), target)["main"]
     fn4 = kiln.compile(from_onnx(model4), target)["main"]
     x = np.random.default_rng(k).standard_normal((1, k)).astype(np.float32)
@@ -128,16 +156,29 @@ def _row(k: int, n: int, target: kiln.target.Target, repeat: int, seconds: float
     ort0 = _ort(model, threads)
     ort4 = _ort(model4, threads)
     # kiln's level 4 quantizes A as onnxruntime's: the same sums up to their order
-    err = float(np.abs(np.asarray(fn4(x)) - ort4(feed)[0]).max())  # type: ignore[index]
-    fns = {"kiln": lambda: fn(x), "kiln4": lambda: fn4(x), "ort": lambda: ort0(feed),
-           "ort4": lambda: ort4(feed)}
+    err = max(float(np.abs(np.asarray(a) - b).max())
+              for a, b in zip(_outputs(fn4(x)), ort4(feed), strict=True))
+    fns = {**stream, "kiln": lambda: fn(x), "kiln4": lambda: fn4(x),
+           "ort": lambda: ort0(feed), "ort4": lambda: ort4(feed)}
     # one thread: the calling thread's CPU time (a loaded machine's waits not counted)
     clock = time.thread_time if threads == 1 else time.perf_counter
-    ms = alternating_blocks_ms(fns, calls_within(fns, repeat, seconds), clock=clock)
+    times = alternating_blocks(fns, max(ROUNDS, calls_within(fns, repeat, seconds)),
+                               ROUNDS, clock)
+    ms = {name: t / (1 if name in stream else copies) for name, t in pooled_ms(times).items()}
+    read_gbs = stream_bytes / (ms["read"] * 1e-3) / 1e9
+    copy_gbs = 2 * stream_bytes / (ms["copy"] * 1e-3) / 1e9
     gbs = nbytes / (ms["kiln"] * 1e-3) / 1e9
     gbs4 = nbytes / (ms["kiln4"] * 1e-3) / 1e9
-    return (f"{f'{k} x {n}':<12} {nbytes / 2**20:>6.1f} {1e3 * ms['kiln']:>8.1f} "
-            f"{1e3 * ms['kiln4']:>8.1f} {1e3 * ms['ort']:>8.1f} {1e3 * ms['ort4']:>8.1f} "
-            f"{gbs:>9.1f} {gbs4:>10.1f} {100 * gbs / bandwidth:>5.0f} "
-            f"{100 * gbs4 / bandwidth:>5.0f} {ms['kiln'] / ms['ort']:>8.2f} "
-            f"{ms['kiln4'] / ms['ort4']:>10.2f} {err:>8.1e}")
+    # the read's time over the GEMV's in each round, scaled by their bytes
+    share = 100 * copies * nbytes / stream_bytes
+    return (f"{f'{k} x {n}':<12} {nbytes / 2**20:>6.1f} {copies:>6} {read_gbs:>9.1f} "
+            f"{copy_gbs:>9.1f} {1e3 * ms['kiln']:>8.1f} {1e3 * ms['kiln4']:>8.1f} "
+            f"{1e3 * ms['ort']:>8.1f} {1e3 * ms['ort4']:>8.1f} {gbs:>9.1f} {gbs4:>10.1f} "
+            f"{share * paired_ratio(times['read'], times['kiln']):>5.0f} "
+            f"{share * paired_ratio(times['read'], times['kiln4']):>5.0f} "
+            f"{ms['kiln'] / ms['ort']:>8.2f} {ms['kiln4'] / ms['ort4']:>10.2f} {err:>8.1e}")
+
+
+def _outputs(result: object) -> list[np.ndarray]:
+    """A kiln call's outputs as a list (one output comes back bare)."""
+    return list(result) if isinstance(result, (list, tuple)) else [np.asarray(result)]
