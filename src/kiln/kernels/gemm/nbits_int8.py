@@ -15,9 +15,13 @@ them, which keeps one thread below the memory bandwidth. Here the codes stay int
   nibbles (a shift and the mask) those of word `j + block / 8`.
 - **The step**: per word and vector of columns, a load, `and`, `shift`, `and` and two
   `dot4_u8s8` (codes unsigned, A signed: one `vpdpbusd` each with VNNI) into int32 block
-  sums. Without VNNI (AVX2, AVX-512BW) the step is `dot4_u8s8_sat16` (`vpmaddubsw`,
-  `vpmaddwd` by ones, an add): its int16 pair sums cannot saturate here, since
-  `2 * 15 * 127 < 32767`, so both forms give the exact integer sums.
+  sums, the low nibbles' and the high nibbles' in separate sums added at the block's end:
+  two dependent chains of `block / 8` dots each, not one of `block / 4`, so weights in
+  cache are not held to the dot's latency (0.77-0.89x the time of one chain for layers of
+  2-7 MiB on Zen 5, the same from memory; docs/performance.md). Without VNNI (AVX2,
+  AVX-512BW) the step is `dot4_u8s8_sat16` (`vpmaddubsw`, `vpmaddwd` by ones, an add):
+  its int16 pair sums cannot saturate here, since `2 * 15 * 127 < 32767`, so both forms
+  give the exact integer sums.
 - **Prefetches**: each step also prefetches its word row `PREFETCH_ROWS` rows (whole
   blocks) ahead, and each block the scales there: weights read from memory (an LM
   head) arrive before the sums reach them.
@@ -80,9 +84,8 @@ def tile_panels_of(t: PrimExpr, rows: int, count: int) -> tuple[list[Stmt], list
 
 
 def tile_panels(isa: ISA) -> int:
-    """Panels of one register tile (2 vectors a panel): 4 with 32 vector registers (8
-    int32 block sums, 8 float accumulators: more independent `vpdpbusd` chains than its
-    latency needs), else 2."""
+    """Panels of one register tile (2 vectors a panel): 4 with 32 vector registers (16
+    int32 block sums, two a vector, and 8 float accumulators), else 2."""
     return 4 if isa.vector_registers >= 32 else 2
 
 #: The largest |q| of A's int8 codes (symmetric, as MLAS: -128 is never produced).
@@ -172,9 +175,12 @@ def _block(nest: NbitsNest, panels: list[Var], blk: PrimExpr, aw: Buffer,
     nr, rows = nest.nr, len(panels)
     quarter, eighth = nest.block // 4, nest.block // 8
     dot = dot_for(nest.isa)
+    # the low nibbles' sums and the high nibbles': two independent chains of dots
     part = Buffer("part", (rows, nr), "int32", "local")
+    part_hi = Buffer("part_hi", (rows, nr), "int32", "local")
     init = lanes_loop("v", nr, lambda v: seq(*(
-        Store(part, Const(0, "int32"), (const(r), v)) for r in range(rows))))
+        Store(buf, Const(0, "int32"), (const(r), v))
+        for r in range(rows) for buf in (part, part_hi))))
     j = Var("j", INDEX_DTYPE)
     lo, hi = Var("a_lo", "int32"), Var("a_hi", "int32")
     mask = Const(LOW_NIBBLES, "int32")
@@ -183,9 +189,10 @@ def _block(nest: NbitsNest, panels: list[Var], blk: PrimExpr, aw: Buffer,
         out: list[Stmt] = []
         for r in range(rows):
             w = nest.bp[panels[r], blk, j, v]
-            s = Intrin(dot, (part[const(r), v], w & mask, lo))
-            s = Intrin(dot, (s, (w >> Const(4, "int32")) & mask, hi))
-            out.append(Store(part, s, (const(r), v)))
+            at = (const(r), v)
+            out.append(Store(part, Intrin(dot, (part[at], w & mask, lo)), at))
+            out.append(Store(part_hi, Intrin(
+                dot, (part_hi[at], (w >> Const(4, "int32")) & mask, hi)), at))
         return seq(*out)
 
     ahead = min_(blk + -(-PREFETCH_ROWS // eighth), nest.blocks - 1)
@@ -198,14 +205,15 @@ def _block(nest: NbitsNest, panels: list[Var], blk: PrimExpr, aw: Buffer,
     def scale(v: PrimExpr) -> Stmt:
         out: list[Stmt] = []
         for r in range(rows):
-            t = Cast("float32", part[const(r), v]) * sa - nest.zero_point(panels[r], blk, v) * sq
+            dots = part[const(r), v] + part_hi[const(r), v]
+            t = Cast("float32", dots) * sa - nest.zero_point(panels[r], blk, v) * sq
             out.append(Store(acc, madd(acc[const(r), v], nest.scales[panels[r], blk, v], t,
                                        nest.isa.fma), (const(r), v)))
         return seq(*out)
 
     scales_ahead = [Evaluate(Intrin("prefetch", (nest.scales[panels[r], ahead, const(c)],)))
                     for r in range(rows) for c in range(0, nr, _LINE_WORDS)]
-    return seq(Allocate(part), init, *scales_ahead,
+    return seq(Allocate(part), Allocate(part_hi), init, *scales_ahead,
                For(j, const(0), const(eighth), "serial", step),
                LetStmt(sa, ascale[blk]), LetStmt(sq, aqsum[blk]), lanes_loop("v", nr, scale))
 
