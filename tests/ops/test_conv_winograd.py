@@ -209,6 +209,19 @@ def test_the_rule_takes_32_channels_of_whole_vector_blocks(c: int) -> None:
         assert (first == "conv_winograd") == (c >= 32 and c % block == 0), (cpu, first)
 
 
+@pytest.mark.parametrize("c", [32, 64])
+def test_a_bf16_target_keeps_narrow_outputs_direct(c: int) -> None:
+    """On a `precision=bf16` AVX-512 target the rule takes a 3x3 layer to float32
+    Winograd from the profile's `bf16_winograd_min_outputs` output channels (64) on; a
+    32-channel one runs on the bfloat16 direct kernel. A float32 target takes both."""
+    model = _chain(c, 16)
+    base = "llvm -mtriple=x86_64-linux-gnu -mcpu=znver5"
+    bf16 = kiln.Target(f"{base} -precision=bf16")
+    assert isa_for(bf16).profile.bf16_winograd_min_outputs == 64
+    assert (discover(model, bf16)[0].family == "conv_winograd") == (c >= 64)
+    assert discover(model, kiln.Target(base))[0].family == "conv_winograd"
+
+
 @pytest.mark.parametrize("asked,taken", [(None, False), (True, True), (False, False)])
 def test_bare_metal_targets_keep_direct_convolutions_unless_asked(
         asked: bool | None, taken: bool) -> None:

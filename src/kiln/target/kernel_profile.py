@@ -39,6 +39,16 @@ class KernelProfile:
     #: (its width, kiln.kernels.int8.dot.tile_cols_for): a narrower tile's dot products
     #: wait on one another's latency.
     int8_min_accumulators: int = 0
+    #: The fewest accumulators a tile of the bfloat16 NCHWc convolution holds on a layer
+    #: that is not 1x1 (kiln.kernels.conv.bf16.bf16_tile): `vdpbf16ps` waits longer on
+    #: its accumulator than a float32 multiply-add, and the float32 rule's 2 vectors x 6
+    #: positions leave the sums waiting on it.
+    bf16_min_accumulators: int = 0
+    #: The fewest output channels of a 3x3 layer the rule takes to float32 Winograd on a
+    #: `precision=bf16` target (kiln.kernels.conv.winograd): a narrower one (DenseNet's
+    #: 128 -> 32) runs faster on the bfloat16 direct kernel, whose products Winograd's
+    #: input transform does not share out over enough output channels.
+    bf16_winograd_min_outputs: int = 0
 
 
 #: The rules measured on AVX2 (256-bit vectors) and AVX-512 (512-bit vectors).
@@ -46,7 +56,9 @@ PROFILES: dict[int, KernelProfile] = {
     256: KernelProfile(avx2_conv_rules=True, narrow_conv_rows=True, conv_k_blocking=True,
                        panel_copy_readers=2),
     512: KernelProfile(avx2_conv_rules=False, narrow_conv_rows=True, conv_k_blocking=True,
-                       panel_copy_readers=40, int8_min_accumulators=16),
+                       panel_copy_readers=40, int8_min_accumulators=16,
+                       bf16_min_accumulators=20,
+                       bf16_winograd_min_outputs=64),
 }
 #: Vector widths none of the rules was measured on (NEON, SSE, no vectors).
 UNMEASURED = KernelProfile(avx2_conv_rules=False, narrow_conv_rows=False,

@@ -18,6 +18,7 @@ an AMD EPYC Zen 5, has it); elsewhere the run test skips.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -26,9 +27,14 @@ import pytest
 import kiln
 from kiln.errors import TargetError
 from kiln.frontend import from_onnx
+from kiln.kernels.conv.bf16 import bf16_tile
+from kiln.kernels.conv.nchwc import pointwise_tile
+from kiln.kernels.tiles import tile_lanes, tile_registers
 from kiln.ops.conv_bf16 import pack_conv_bf16, unpack_conv_bf16
+from kiln.ops.conv_geometry import conv_shape
 from kiln.ops.gemm_bf16 import bf16_round
 from kiln.target import Target
+from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 
@@ -98,6 +104,32 @@ def test_pack_round_trips_the_rounded_weights() -> None:
         back = unpack_conv_bf16(packed, 40, 50, block)
         assert back[0, 0, 0, 0] == 1.0
         np.testing.assert_array_equal(back, bf16_round(w))
+
+
+@pytest.mark.parametrize("c_out,hw,stride", [(64, 56, 1), (128, 28, 2), (512, 7, 1),
+                                             (32, 28, 1), (96, 14, 1), (16, 4, 1)])
+def test_tiles_hold_enough_accumulators(c_out: int, hw: int, stride: int) -> None:
+    """A 3x3 layer's tile (`bf16_tile`) holds the profile's `bf16_min_accumulators`
+    where its channels and positions have them, pads no more output channels than
+    whole 4-vector tiles would, fits the 32 registers with its weight vectors and
+    broadcasts, and covers the positions in tiles of even width; 1x1 layers keep the
+    float32 pointwise rule's tile."""
+    isa = isa_for(Target("llvm -mtriple=x86_64-linux-gnu -mcpu=znver5 -precision=bf16"))
+    least, lanes = isa.profile.bf16_min_accumulators, tile_lanes(isa)
+    shape = conv_shape((1, 64, hw, hw), c_out, (3, 3), {"strides": (stride, stride),
+                                                        "pads": (1, 1, 1, 1)})
+    cb, width = bf16_tile(shape, isa)
+    vectors, positions = cb // lanes, shape.out_h * shape.out_w
+    assert least > 12  # above the float32 rule's 2 vectors x 6 positions
+    assert cb % lanes == 0 and -(-c_out // cb) * cb - c_out < lanes
+    assert vectors * width + vectors + width <= tile_registers(isa)
+    tiles = -(-positions // width)
+    assert tiles * width - positions < tiles
+    if vectors * width < least:  # only where the channels or positions run out
+        assert vectors * (width + 1) + vectors + width + 1 > tile_registers(isa) \
+            or tiles == -(-positions // (width + 1)) or c_out < least
+    pointwise = replace(shape, kh=1, kw=1, pads=(0, 0, 0, 0))
+    assert bf16_tile(pointwise, isa) == pointwise_tile(c_out, positions, isa)
 
 
 def test_sapphirerapids_build_only() -> None:

@@ -50,7 +50,7 @@ from kiln.ir.tensor import (
 from kiln.ir.types import TensorType
 from kiln.kernels.conv.blocked import blocked_tile_stores, choose_tiling
 from kiln.kernels.conv.family import blocked_bias
-from kiln.kernels.conv.nchwc import pointwise_tile, wide_tile
+from kiln.kernels.conv.nchwc import POINTWISE_VECTORS, pointwise_tile, wide_tile
 from kiln.kernels.epilogue import float32_operands, fused_store
 from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.registry import Family
@@ -77,15 +77,34 @@ from kiln.target.isa import ISA
 def bf16_tile(shape: ConvShape, isa: ISA) -> tuple[int, int]:
     """`(cb, tile_w)` of a layer: the float32 NCHWc kernel's rule (kiln.kernels.conv.nchwc:
     `pointwise_tile` for a 1x1 layer, `wide_tile` for a large image, else the blocked
-    rule's two vectors x 6 positions), in whole vectors. The register budget is the
-    float32 kernel's: a `vdpbf16ps` accumulator is a float32 vector."""
+    rule's two vectors x 6 positions, `widened` to the profile's
+    `bf16_min_accumulators`), in whole vectors. The register budget is the float32
+    kernel's: a `vdpbf16ps` accumulator is a float32 vector."""
     lanes, positions = tile_lanes(isa), shape.out_h * shape.out_w
     tile = (pointwise_tile(shape.c_out, positions, isa) if (shape.kh, shape.kw) == (1, 1)
             else wide_tile(shape.c_out, positions, isa))
     if tile is None:
         t = choose_tiling(shape, lanes, tile_registers(isa))
-        tile = (t.cb, t.tile_w)
+        tile = widened(shape, (t.cb, t.tile_w), isa)
     return tile
+
+
+def widened(shape: ConvShape, tile: tuple[int, int], isa: ISA) -> tuple[int, int]:
+    """`tile`, or where it holds fewer accumulators than `isa.profile.bf16_min_accumulators`
+    a wider one: the vectors (4 to 1) that pad the fewest output channels, the most on ties
+    (`pointwise_tile`'s choice), by the positions that reach the floor, at most those that
+    fit the registers with a weight vector each and a broadcast per position (4 x 5,
+    3 x 7, 2 x 10, 1 x 15 on 32 registers), then evened out over the tiles that takes
+    (16 positions: 2 tiles of 8, not 15 and 1)."""
+    lanes, registers = tile_lanes(isa), tile_registers(isa)
+    least = isa.profile.bf16_min_accumulators
+    if tile[0] // lanes * tile[1] >= least:
+        return tile
+    vecs = -(-shape.c_out // lanes)
+    v = min(range(min(POINTWISE_VECTORS, vecs), 0, -1), key=lambda v: -(-vecs // v) * v)
+    positions = shape.out_h * shape.out_w
+    width = min(-(-least // v), (registers - v) // (v + 1))
+    return v * lanes, -(-positions // -(-positions // width))
 
 
 @dataclass(frozen=True)

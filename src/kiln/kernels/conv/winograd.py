@@ -584,7 +584,8 @@ class WinogradConv(Family):
     """See the module docstring. Its results differ from a direct convolution's by the
     transforms' rounding (about 1e-5 of the output's largest magnitude): the rule
     chooses it unless the target's attribute `winograd` is false, for layers of
-    MIN_RULE_CHANNELS or more (whole vector blocks: `takes`) and MIN_RULE_POSITIONS
+    MIN_RULE_CHANNELS or more (whole vector blocks: `takes`; on a `precision=bf16` target
+    also the profile's `bf16_winograd_min_outputs` output channels) and MIN_RULE_POSITIONS
     outputs or more, with the first of
     its `offered_tiles` (F(4x4) where its output tiles fill half a vector, else
     F(2x2)); elsewhere only tuning, which checks each candidate's result against the
@@ -598,7 +599,8 @@ class WinogradConv(Family):
         return shape is not None and eligible(shape) and \
             min(shape.c_in, shape.c_out) >= MIN_RULE_CHANNELS and \
             shape.out_h * shape.out_w >= MIN_RULE_POSITIONS and \
-            takes(shape.c_in, shape.c_out, tile_lanes(isa))
+            takes(shape.c_in, shape.c_out, tile_lanes(isa)) and \
+            (isa.precision != "bf16" or shape.c_out >= isa.profile.bf16_winograd_min_outputs)
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         return self.pack_tile(call, isa, self.offered_tiles(call, isa)[0])
