@@ -1,7 +1,7 @@
-"""The target attribute `precision`: float32 vs bfloat16, latency and accuracy.
+"""The target attribute `precision`: float32 vs bfloat16 or float16, latency and accuracy.
 
     .venv/bin/python bench/precision.py [--models float | NAME,...] [--repeat 20]
-                                        [--seconds 10] [--threads 2]
+                                        [--seconds 10] [--threads 2] [--precision bf16|f16]
 
 Each model (bench/models.py's builders; `float`, the default: the float models of
 bench/peers.py's set, from the MLP to the Whisper encoder) is compiled for `host` and
@@ -14,7 +14,10 @@ float32), and the two are timed in alternating blocks
 `kiln.runtime.set_num_threads`, batch 1). `rel L2` is the
 bf16 output's relative L2 distance from the float32 build's; `top-1` whether the two
 agree on the output's largest entry (per row of the last axis, as a share). Prints a
-table; asserts nothing. The host must have AVX512-BF16.
+table; asserts nothing. The host must have AVX512-BF16. `--precision f16` compares
+`host -precision=f16` instead (the GEMMs of constant weights on float16 weights widened
+as loaded, float32 arithmetic, kiln.kernels.gemm.f16; everything else float32): the host
+must have F16C.
 """
 
 from __future__ import annotations
@@ -44,18 +47,19 @@ def row(name: str, args: argparse.Namespace) -> str:
     model, feed = build(name)
     inputs = list(feed.values())
     fns, compile_s = {}, {}
-    for precision in ("f32", "bf16"):
+    low = args.precision
+    for precision in ("f32", low):
         start = time.perf_counter()
         fn = kiln.compile(from_onnx(model), f"host -precision={precision}")["main"]
         fn(*inputs)  # links and loads the library
         fns[precision], compile_s[precision] = fn, time.perf_counter() - start
-    f32, bf16 = (np.asarray(fns[p](*inputs)) for p in ("f32", "bf16"))
+    f32, bf16 = (np.asarray(fns[p](*inputs)) for p in ("f32", low))
     calls = {p: (lambda f=f: f(*inputs)) for p, f in fns.items()}
     n = calls_within(calls, args.repeat, args.seconds)
     ms = alternating_blocks_ms(calls, n, clock=time.perf_counter)
-    return (f"{name:<10} {ms['f32']:>9.2f} {ms['bf16']:>9.2f} "
-            f"{ms['f32'] / ms['bf16']:>7.2f}x {rel_l2(bf16, f32):>9.1e} "
-            f"{_top1(bf16, f32):>6.3f} {compile_s['f32']:>7.1f} {compile_s['bf16']:>7.1f}")
+    return (f"{name:<10} {ms['f32']:>9.2f} {ms[low]:>9.2f} "
+            f"{ms['f32'] / ms[low]:>7.2f}x {rel_l2(bf16, f32):>9.1e} "
+            f"{_top1(bf16, f32):>6.3f} {compile_s['f32']:>7.1f} {compile_s[low]:>7.1f}")
 
 
 def main() -> None:
@@ -65,12 +69,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--precision", choices=("bf16", "f16"), default="bf16",
+                        help="the reduced precision compared with f32")
     args = parser.parse_args()
     kiln.runtime.set_num_threads(args.threads)
-    target = kiln.target.Target("host -precision=bf16")
+    low = args.precision
+    target = kiln.target.Target(f"host -precision={low}")
     print(f"host: {describe_target(target)}; {args.threads} threads, batch 1")
-    print(f"{'model':<10} {'f32 ms':>9} {'bf16 ms':>9} {'speedup':>8} {'rel L2':>9} "
-          f"{'top-1':>6} {'f32 s':>7} {'bf16 s':>7}")
+    print(f"{'model':<10} {'f32 ms':>9} {low + ' ms':>9} {'speedup':>8} {'rel L2':>9} "
+          f"{'top-1':>6} {'f32 s':>7} {low + ' s':>7}")
     names = FLOAT_SET if args.models == "float" else args.models.split(",")
     for name in names:
         try:

@@ -63,6 +63,13 @@ def bf16_panels(nr: int, k: int, n: int) -> Gen:
     return lambda rng: pack_b_bf16(rng.uniform(-2, 2, (k, n)).astype(np.float32), nr)
 
 
+def f16_panels(nr: int, k: int, n: int) -> Gen:
+    """Random float32 weights [k, n] packed as matmul_packed_f16's float16 panels of `nr`."""
+    from kiln.ops.gemm_f16 import pack_b_f16
+
+    return lambda rng: pack_b_f16(rng.uniform(-2, 2, (k, n)).astype(np.float32), nr)
+
+
 def bf16_conv_weight(cb: int, block: int, *oihw: int) -> Gen:
     """Random float32 OIHW weights packed as conv2d_nchwc_bf16's words (`cb` output
     channels per tile, NCHW{block}c input)."""
@@ -189,6 +196,9 @@ CASES: dict[str, list[OpCase]] = {
     # K 40 zero-padded to the 64 of two pair blocks; 19 columns in 3 panels of 8
     "matmul_packed_bf16": [OpCase((bf16_exact(3, 40), bf16_panels(8, 40, 19)),
                                   {"n": 19, "k": 40}, rtol=1e-5, atol=1e-5)],
+    # 19 columns in 3 float16 panels of 8 (the last zero-padded)
+    "matmul_packed_f16": [OpCase((f32(3, 40), f16_panels(8, 40, 19)), {"n": 19}),
+                          OpCase((f32(2, 3, 5), f16_panels(16, 5, 16)), {"n": 16})],
     # 4-bit codes in blocks of 16 along K = 40 (the last block padded), zero points or
     # the default 8; 8-bit codes in blocks of 32
     "matmul_nbits": [OpCase((f32(3, 40), ints(5, 3, 8, low=0, high=256, dtype="uint8"),

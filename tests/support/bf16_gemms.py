@@ -1,5 +1,6 @@
 """Models of MatMul/Gemm cases by constant weights and their float references, for the
-`precision=bf16` GEMM tests (tests/ops/kernels/test_gemm_bf16.py, test_gemm_amx.py)."""
+`precision=bf16` and `precision=f16` GEMM tests (tests/ops/kernels/test_gemm_bf16.py,
+test_gemm_amx.py, test_gemm_f16.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,25 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 
+from kiln.errors import TargetError
 from kiln.ops.gemm_bf16 import bf16_round
+from kiln.target import Target
 from support.graphs import GraphBuilder
 
 #: (name, A's shape, K, N, Gemm with transB, bias and ReLU instead of MatMul)
 Case = tuple[str, tuple[Any, ...], int, int, bool]
 #: A case's weight `[K, N]` and bias (None for MatMul), by case name.
 Weights = dict[str, tuple[np.ndarray, np.ndarray | None]]
+#: Remainders of M, N and K, Gemm's transB and bias with ReLU, and M = 1.
+REMAINDER_CASES: list[Case] = [
+    ("remainders", (7, 45), 45, 70, False),
+    ("gemm_transb_bias", (5, 100), 100, 19, True),
+    ("one_row", (1, 64), 64, 96, False),
+]
+#: Rows of a symbolic M with a second row dim (a Case without its last field).
+SYMBOLIC_ROWS = ("symbolic_rows", ("M", 3, 33), 33, 50)
 
 
 def gemm_model(cases: Sequence[Case], rng: np.random.Generator) -> tuple[Any, Weights]:
@@ -46,3 +58,11 @@ def gemm_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
         x, w = bf16_round(x).astype(np.float64), bf16_round(w).astype(np.float64)
     y = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
     return np.maximum(y + bias, 0) if bias is not None else y
+
+
+def precision_host(precision: str) -> Target:
+    """`host -precision=PRECISION`, or skip the test where this host cannot run it."""
+    try:
+        return Target(f"host -precision={precision}")
+    except TargetError as err:
+        pytest.skip(f"this host cannot run precision={precision}: {err}")

@@ -30,11 +30,22 @@ def test_a_cpu_without_avx512bf16_refuses_bf16() -> None:
         Target(f"{SPR} -mattr=-avx512bf16 -precision=bf16")
 
 
+def test_f16_needs_f16c_not_avx512() -> None:
+    """float16 weights widen with F16C's vcvtph2ps: an AVX2 CPU takes `f16`, one
+    without F16C (x86-64-v2) refuses it, naming the feature."""
+    t = Target("llvm -mtriple=x86_64-linux-gnu -mcpu=znver3 -precision=f16")
+    assert isa_for(t).precision == "f16" and t.export()["precision"] == "f16"
+    with pytest.raises(TargetError, match=r"'x86-64-v2'.*lacks 'f16c'.*-mcpu=x86-64-v3"):
+        Target("llvm -mtriple=x86_64-linux-gnu -mcpu=x86-64-v2 -precision=f16")
+
+
 @pytest.mark.parametrize(("spec", "message"), [
-    (f"{SPR} -precision=f16", "float16 compute .* is not built yet"),
     ("c -mtriple=x86_64-linux-gnu -mcpu=sapphirerapids -precision=bf16",
      "'c' code generator does not emit the bfloat16"),
+    ("c -mtriple=x86_64-linux-gnu -mcpu=znver3 -precision=f16",
+     "'c' code generator does not emit the float16 weight loads"),
     ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-v1 -precision=bf16", "x86 .* only"),
+    ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-v1 -precision=f16", "x86 .* only"),
     (f"{SPR} -precision=fp8", "precision"),
 ])
 def test_refusals_name_the_reason(spec: str, message: str) -> None:

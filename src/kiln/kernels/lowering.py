@@ -53,6 +53,7 @@ _LAZY: dict[str, str] = {
     # gemm (kiln.kernels.gemm)
     "matmul_packed": "kiln.kernels.gemm.lowering:MATMUL_PACKED",
     "matmul_packed_bf16": "kiln.kernels.gemm.lowering:MATMUL_PACKED_BF16",
+    "matmul_packed_f16": "kiln.kernels.gemm.lowering:MATMUL_PACKED_F16",
     "matmul_tiled_bf16": "kiln.kernels.gemm.lowering:MATMUL_TILED_BF16",
     "matmul_tiled": "kiln.kernels.gemm.lowering:MATMUL_TILED",
     "matmul_gemv": "kiln.kernels.gemm.lowering:MATMUL_GEMV",

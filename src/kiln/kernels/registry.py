@@ -99,6 +99,7 @@ _FAMILIES: dict[str, str] = {
     "gemm": "kiln.kernels.gemm.families:GEMM",
     "gemm_tiled": "kiln.kernels.gemm.families:GEMM_TILED",
     "gemm_bf16": "kiln.kernels.gemm.bf16:GEMM_BF16",
+    "gemm_f16": "kiln.kernels.gemm.f16:GEMM_F16",
     "gemm_tiled_bf16": "kiln.kernels.gemm.bf16_tiled:GEMM_TILED_BF16",
     "nbits": "kiln.kernels.gemm.nbits:NBITS",
 

@@ -10,6 +10,7 @@ from kiln.ops import (  # noqa: F401
     elementwise,
     gemm,
     gemm_bf16,
+    gemm_f16,
     image,
     indexing,
     layout,

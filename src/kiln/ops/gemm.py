@@ -91,22 +91,25 @@ def _packed_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     return matmul_infer([types[0], TensorType((k, n), types[1].dtype)], {})
 
 
-def _packed_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+def packed_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """The te compute of a product by panels `[ceil(N / nr)][K][nr]` (float16 panels,
+    `matmul_packed_f16`'s, widened to float32)."""
     k, n = packed_kn(inputs, attrs)
     bp = inputs[1]
     nr = bp.shape[2]
+    dtype = "float32" if bp.dtype == "float16" else bp.dtype
 
     def element(kk: PrimExpr, j: PrimExpr) -> PrimExpr:
-        return bp[j // nr, kk, j % nr]
+        return bp[j // nr, kk, j % nr].astype(dtype)
 
-    return matmul_compute([inputs[0], te.compute((k, n), element, bp.dtype, "b")], {})
+    return matmul_compute([inputs[0], te.compute((k, n), element, dtype, "b")], {})
 
 
 def _packed_ref(a: np.ndarray, bp: np.ndarray, **attrs: Any) -> np.ndarray:
     return matmul_ref(a, unpack_b(bp, int(attrs["n"])))
 
 
-OPS.register(PACKED, OpDef(PACKED, "anchor", _packed_infer, _packed_compute, _packed_ref))
+OPS.register(PACKED, OpDef(PACKED, "anchor", _packed_infer, packed_compute, _packed_ref))
 OPS.register(TILED, OpDef(TILED, "anchor", checking_tile(matmul_infer, TILED, 2),
                           matmul_compute, matmul_ref))
 OPS.register(GEMV, OpDef(GEMV, "anchor", checking_tile(matmul_infer, GEMV, 2),

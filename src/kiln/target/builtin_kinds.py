@@ -59,8 +59,9 @@ def _cpu_options(triple_doc: str) -> dict[str, AttrSpec]:
             str, choices=PRECISIONS,
             doc="the arithmetic of float32 GEMMs: 'f32' (absent: the default), or 'bf16': "
                 "weights stored in bfloat16 and products of bfloat16 values summed in "
-                "float32 (AVX512-BF16 vdpbf16ps), float32 inputs and outputs; 'f16' is "
-                "not built yet (docs/targets.md)",
+                "float32 (AVX512-BF16 vdpbf16ps), float32 inputs and outputs; or 'f16': "
+                "GEMM weights stored in float16, widened as loaded (F16C vcvtph2ps) and "
+                "summed in float32 (docs/targets.md)",
         ),
     }
 

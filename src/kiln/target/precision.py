@@ -7,8 +7,13 @@ to nearest even at compile time) and sums products of bfloat16 values in float32
 float32 inputs and outputs (kiln.kernels.gemm.bf16, kiln.kernels.conv.bf16; attention's
 products of two activations: kiln.kernels.gemm.bf16_tiled): one AVX512-BF16
 `vdpbf16ps` per two multiply-adds.
+`f16` stores the constant weights of GEMMs in float16 (rounded to nearest even at
+compile time) and widens them to float32 as the kernel loads them (F16C's
+`vcvtph2ps`), multiplying and summing in float32 (kiln.kernels.gemm.f16): half the
+weight bytes at float32 arithmetic, so the only extra rounding is the weights' (a
+relative 2^-11). Convolutions and attention stay float32 under `f16`.
 A target whose CPU lacks the instruction refuses it here, when the target is built,
-naming the feature and CPUs that have it. `f16` is declared but not built yet.
+naming the feature and CPUs that have it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ BF16_FEATURE = "avx512bf16"
 BF16_CPUS = ("znver4", "znver5", "cooperlake", "sapphirerapids", "graniterapids")
 #: The kinds whose code generator emits the bf16 kernel's instructions.
 BF16_KINDS = ("llvm", "llvmjit")
+#: The LLVM feature the f16 GEMM needs (`vcvtph2ps`), and CPUs that have it.
+F16_FEATURE = "f16c"
+F16_CPUS = ("x86-64-v3", "haswell", "znver1")
 
 
 def check_precision(attrs: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -36,32 +44,32 @@ def check_precision(attrs: dict[str, Any], kind: str) -> dict[str, Any]:
         attrs.pop("precision", None)
         return attrs
     where = f"attribute 'precision' of target kind '{kind}' is '{precision}'"
-    if precision == "f16":
-        raise TargetError(f"{where}: float16 compute (AVX512-FP16) is not built yet; use "
-                          "'bf16' on a CPU with AVX512-BF16, or 'f32'")
+    words = "bfloat16 dot products" if precision == "bf16" else "float16 weight loads"
     if kind not in BF16_KINDS:
         raise TargetError(f"{where}: the '{kind}' code generator does not emit the "
-                          f"bfloat16 dot products yet; use kind {' or '.join(BF16_KINDS)}")
+                          f"{words} yet; use kind {' or '.join(BF16_KINDS)}")
     triple = str(attrs.get("mtriple") or host_triple())
     cpu, mattr = str(attrs.get("mcpu") or ""), list(attrs.get("mattr") or ())
     if cpu == "native":
         host = machine_config()
         cpu, mattr = str(host["mcpu"]), [*host["mattr"], *mattr]
     arch = triple_arch(triple)
+    feature, instruction, cpus = ((BF16_FEATURE, "vdpbf16ps", BF16_CPUS) if precision == "bf16"
+                                  else (F16_FEATURE, "vcvtph2ps", F16_CPUS))
     if arch not in ("x86_64", "i386", "i686"):
-        raise TargetError(f"{where}: the bfloat16 GEMM is built for x86 (AVX512-BF16) only, "
-                          f"not for {arch} ({triple}) yet")
-    if BF16_FEATURE not in _features(triple, cpu, mattr):
+        raise TargetError(f"{where}: the {precision} GEMM is built for x86 "
+                          f"({feature}) only, not for {arch} ({triple}) yet")
+    if feature not in _features(triple, cpu, mattr, feature):
         raise TargetError(
             f"{where}, but CPU {cpu or '(generic)'!r} with mattr {mattr or '[]'} lacks "
-            f"'{BF16_FEATURE}' (vdpbf16ps); CPUs that have it: -mcpu="
-            f"{', -mcpu='.join(BF16_CPUS)}, or add -mattr=+{BF16_FEATURE} where the "
+            f"'{feature}' ({instruction}); CPUs that have it: -mcpu="
+            f"{', -mcpu='.join(cpus)}, or add -mattr=+{feature} where the "
             "machine has it")
     return attrs
 
 
-def _features(triple: str, cpu: str, mattr: list[str]) -> frozenset[str]:
+def _features(triple: str, cpu: str, mattr: list[str], feature: str) -> frozenset[str]:
     try:
-        return implied_features(triple, cpu, ",".join(mattr), (BF16_FEATURE,))
+        return implied_features(triple, cpu, ",".join(mattr), (feature,))
     except ImportError:  # no llvmlite: trust mattr alone
         return frozenset(f[1:] for f in mattr if f.startswith("+"))

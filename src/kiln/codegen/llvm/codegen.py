@@ -98,6 +98,7 @@ def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
         int8_dot=isa_of(config.triple, config.cpu, config.features).int8_dot,
         bf16_dot=bf16_dot_lanes(isa_of(config.triple, config.cpu, config.features)),
         amx_bf16=isa_of(config.triple, config.cpu, config.features).has("amx-bf16"),
+        native_f16=isa_of(config.triple, config.cpu, config.features).has("f16c"),
         function_attrs=config.function_attrs(), serial_parallel_for=jit,
         # wasm has no host.c (kiln.export.wasm), the JIT none either
         heap_functions=(C_LIBRARY_HEAP if jit or config.arch.startswith("wasm")

@@ -131,6 +131,8 @@ class LoweringOptions:
     int8_dot: str | None = None
     # Lanes of the target's bfloat16 dot product (`dot2_bf16`, bf16_dot.py; 0: none).
     bf16_dot: int = 0
+    # float16 widens with `fpext` (F16C's vcvtph2ps) rather than integer IR (float16.py).
+    native_f16: bool = False
     # Whether the target has AMX-BF16: the AMX tile calls (kiln.ir.amx, amx.py) need it.
     amx_bf16: bool = False
     # ABIs that pass 32-bit integers sign-extended in 64-bit registers (RISC-V 64...).
@@ -256,7 +258,7 @@ class _ModuleLowering:
         self.module.triple = options.triple
         self.module.data_layout = options.data_layout
         self.math = MathContext(
-            self.module, HalfConversions(self.module),
+            self.module, HalfConversions(self.module, options.native_f16),
             FAST_MATH_FLAGS if options.fast_math else (), options.native_roundeven,
             int8_dot=options.int8_dot, bf16_dot=options.bf16_dot)
         self.size_t = ir.IntType(options.pointer_bits)

@@ -100,13 +100,16 @@ class PackedGemm(Family):
         assert isinstance(b, g.Constant)
         data = b.data.T if call.attrs.get("transpose_b") else b.data
         mr, nr = tile
-        packed = g.Constant(pack_b(data, nr), b.name)
         source = wo.origin_of(b.data)  # the replay of the packing (Module.swap_weights)
         if call.attrs.get("transpose_b"):
             source = wo.step("transpose", source, perm=(1, 0))
-        wo.record(packed.data, wo.pack_panels(source, data.shape, nr))
+        packed = g.Constant(self.pack_weights(data, source, nr), b.name)
         return g.Call(self.op, (a, packed), g.freeze_attrs({"n": data.shape[1],
                                                             TILE: (mr, nr)}), call.ret_type)
+
+    def pack_weights(self, data: Any, source: wo.Origin | None, nr: int) -> Any:
+        """B `[K, N]` in this family's panels, with the replay of its packing recorded."""
+        return wo.record(pack_b(data, nr), wo.pack_panels(source, data.shape, nr))
 
     @staticmethod
     def _mn(call: g.Call) -> tuple[int, int]:
@@ -185,7 +188,8 @@ def _gemm(op: str, params: Sequence[Any], args: Sequence[Any], anchor: Any, resu
         prologue: list[Any] = []
         b_at: BReader
         if run_time_b is None:
-            b_at = lambda bidx, p, kk, v: bb[p, kk, v]  # noqa: E731  (packed at compile time)
+            # Packed at compile time; float16 panels (precision=f16) widen as they load.
+            b_at = lambda bidx, p, kk, v: bb[p, kk, v].astype("float32")  # noqa: E731
         else:
             prologue, b_at = pack_b_at_run_time(bb, tuple(run_time_b[:-2]), shape.k, shape.n,
                                                 tile.nr, transpose_b, isa=isa)

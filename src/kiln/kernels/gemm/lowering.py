@@ -21,6 +21,7 @@ from kiln.kernels.registry import build_call, family_of
 from kiln.ops import te
 from kiln.ops.gemm import GEMV, PACKED, TILED
 from kiln.ops.gemm_bf16 import PACKED_BF16, TILED_BF16
+from kiln.ops.gemm_f16 import PACKED_F16
 from kiln.target.isa import ISA
 
 
@@ -43,7 +44,8 @@ class GemmLowering:
                     result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
         """The GEMM kernel (see kiln.kernels.lowering.Lowering.lower_fused); None for
         operands or a result other than float32."""
-        if not float32_operands(args[:1 if self.op == PACKED_BF16 else 2], result):
+        # The packed weights of the reduced-precision forms are not float32.
+        if not float32_operands(args[:1 if self.op in (PACKED_BF16, PACKED_F16) else 2], result):
             return None
         return build_call(family_of(self.op), params, args, attrs, anchor, result, isa)
 
@@ -52,4 +54,5 @@ MATMUL_PACKED = GemmLowering(PACKED)
 MATMUL_TILED = GemmLowering(TILED)
 MATMUL_GEMV = GemmLowering(GEMV)
 MATMUL_PACKED_BF16 = GemmLowering(PACKED_BF16)
+MATMUL_PACKED_F16 = GemmLowering(PACKED_F16)
 MATMUL_TILED_BF16 = GemmLowering(TILED_BF16)
