@@ -15,10 +15,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
+import kiln
 from kiln.errors import CallError
 from kiln.runtime import Module, NativeFunction
 from support import handmade_lib as hm
+from support.graphs import GraphBuilder
+from support.reference import ort_session
 
 F32 = np.float32
 
@@ -135,3 +139,26 @@ def test_only_all_tensor_signatures_prebuild_arguments(
     sig = {"name": "g", "kind": "graph", "params": params, "results": results}
     fn = NativeFunction(sig, c_func=None)
     assert (fn._slot_pool is not None) is fast
+
+
+def test_data_dependent_sizes_take_the_fast_path(forbid_packing: Callable[[], None]) -> None:
+    """A result sized by its data (NonZero's count) is allocated at its bound (or is the
+    caller's `out=` at it) and handed back trimmed to what each call wrote; the next call
+    starts from the bound again."""
+    b = GraphBuilder()
+    b.add(helper.make_node("NonZero", ["x"], ["nz"]))
+    b.output("nz", None, TensorProto.INT64)
+    m = b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])], opset=17,
+                ir_version=None, check=False)
+    fn = kiln.compile(kiln.frontend.from_onnx(m), "llvm")["main"]
+    forbid_packing()
+    session = ort_session(m)
+    for x in ([0, 2, 0, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1], [0, 0], [5, 0, 5]):
+        x = np.array(x, F32)
+        got, (want,) = fn(x), session.run(None, {"x": x})
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+        out = np.full((1, x.size), -1, np.int64)  # at the bound: the result is its start
+        into = fn(x, out=out)
+        np.testing.assert_array_equal(into, want)
+        assert into.size == 0 or np.shares_memory(into, out)

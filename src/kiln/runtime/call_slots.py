@@ -73,6 +73,11 @@ class ArgumentSlots:
         for i, d in axes:
             arrays[i][d] = shapes[i][d]
 
+    def shape_of(self, i: int) -> tuple[int, ...]:
+        """Tensor i's shape as it is now (a call with data-dependent sizes writes the
+        actual extents of its results there)."""
+        return tuple(self.shapes[i][:self.tensors[i].ndim])
+
 
 class SlotPool:
     """`ArgumentSlots` of one signature for calls in flight; grows to the calls at once.

@@ -460,6 +460,14 @@ class SymbolicSizes:
             tuple(p["shape"]) if all(isinstance(d, int) for d in p["shape"])
             else [d if isinstance(d, int) else compile_dim_text(d) for d in p["shape"]]
             for p in (*params, *results)]
+        # Arguments declared with the same shape (a decoder's ~50 pasts, its presents)
+        # share one evaluation per call: `kinds` the distinct shapes' dims, `kind_of` each
+        # argument's index among them.
+        declared = [tuple(p["shape"]) for p in (*params, *results)]
+        first_of = {shape: declared.index(shape) for shape in reversed(declared)}
+        order = list(dict.fromkeys(first_of[shape] for shape in declared))
+        self.kinds = [self.dims[i] for i in order]
+        self.kind_of = [order.index(first_of[shape]) for shape in declared]
         #: (argument, axis) of every symbolic dimension: what a call writes into the
         #: prebuilt DLTensors' shapes (`ArgumentSlots.set_sizes`)
         self.symbolic_axes = [(i, axis) for i, dims in enumerate(self.dims)
@@ -478,11 +486,12 @@ class SymbolicSizes:
             if size is None or size < low or (high is not None and size > high):
                 return None
         try:
-            shapes = [dims if isinstance(dims, tuple)
-                      else tuple(d if isinstance(d, int) else d(sizes) for d in dims)
-                      for dims in self.dims]
+            kinds = [dims if isinstance(dims, tuple)
+                     else tuple(d if isinstance(d, int) else d(sizes) for d in dims)
+                     for dims in self.kinds]
         except CallError:
             return None
+        shapes = [kinds[k] for k in self.kind_of]
         for a, s in zip(args, shapes):
             if getattr(a, "shape", None) != s:
                 return None
@@ -604,12 +613,16 @@ class NativeFunction(PackedFunction):
         self.last_error = last_error
         self.owner = owner
         self.guard = guard
-        # The fast path: a graph function taking only tensors of static shapes, none of
-        # its parameters written.
+        # The fast path: a graph function taking only tensors, none of its parameters
+        # written.
         self._slot_pool: SlotPool | None = None
         self._sizes: SymbolicSizes | None = None
+        # Data-dependent sizes: the (argument, axis) extents the entry writes back into
+        # the prebuilt DLTensors, which each call resets to the bound first.
+        self._runtime_axes: list[tuple[int, int]] = sorted(
+            {(len(self.params) + int(place["result"]), int(place["axis"]))
+             for d in self.runtime_dims for place in d.get("places", [])})
         if (self.kind == "graph" and self.results and not self._written - self._results_set
-                and not self.runtime_dims
                 and all(p.get("kind") == "tensor" for p in self._arguments)):
             # symbolic dimensions: placeholders the call overwrites with its sizes
             self._slot_pool = SlotPool([(tuple(d if isinstance(d, int) else 0
@@ -687,12 +700,18 @@ class NativeFunction(PackedFunction):
         try:
             if symbolic is not None and shapes is not None:
                 slots.set_sizes(shapes, symbolic.symbolic_axes)
+            if self._runtime_axes:  # the last call wrote its actual extents there
+                slots.set_sizes([layout[0] for layout in (*params, *results)],
+                                self._runtime_axes)
             slots.set_data(addresses)
             self._run(slots.values, slots.codes, slots.count + slots.set_flag(
                 flag.address if flag is not None and self.terminable else None))
+            if self._runtime_axes:  # views of the bound-sized buffers, as the general path
+                outputs = [o if o.shape == (s := slots.shape_of(self._n_params + j))
+                           else trim_result(o, s) for j, o in enumerate(outputs)]
         finally:
             pool.give_back(slots)
-        if out is not None:
+        if out is not None and not self._runtime_axes:
             return out
         if len(outputs) == 1 and not self.tuple_result:
             return outputs[0]

@@ -61,6 +61,8 @@ class Sampling:
 
     def choose(self, logits: np.ndarray, seen: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """One token per row of `logits` [batch, vocab]; `seen` [batch, n] the ids so far."""
+        if not self.do_sample and self.repetition_penalty == 1.0:
+            return np.argmax(logits, axis=-1)  # widening to float64 reorders nothing
         scores = logits.astype(np.float64)
         if self.repetition_penalty != 1.0:
             rows = np.arange(scores.shape[0])[:, None]
@@ -250,8 +252,12 @@ def _loop(fn: Any, roles: DecoderRoles, ids: np.ndarray, steps: int, fixed: Mapp
     seen, cached, step_ids = ids.astype(np.int64), 0, ids
     finished = np.zeros(batch, bool)
     new: list[np.ndarray] = []
+    names = [p["name"] for p in getattr(fn, "params", [])]
     for _ in range(steps):
-        results = fn(**_step_feeds(roles, step_ids, past, cached, fixed))
+        feeds = _step_feeds(roles, step_ids, past, cached, fixed)
+        # positionally, in the signature's order: a library's fast call path takes no keywords
+        results = fn(*(feeds[name] for name in names)) if set(names) == set(feeds) \
+            else fn(**feeds)
         results = results if isinstance(results, (tuple, list)) else (results,)
         cached += step_ids.shape[1]
         past = [np.asarray(results[i]) for i in roles.presents]
