@@ -19,9 +19,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from kiln.errors import TargetError
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
-from kiln.errors import TargetError
 from kiln.target import Target
 from kiln.transform import get_pass
 from support.graphs import GraphBuilder
