@@ -73,7 +73,7 @@ F32 = "float32"
 
 #: The share of the L2 cache a block's score rows may take; the rest holds the packed
 #: keys and the values they are multiplied with.
-SCORES_L2_SHARE = 4
+SCORES_L2_SHARE = 8
 
 
 def block_rows(m: int, n: int, mr: int, l2_bytes: int) -> int:
