@@ -222,6 +222,14 @@ CASES: dict[str, list[OpCase]] = {
     # one row of A; B stored [N][K] (Gemm's transB) and read in place
     "matmul_gemv": [OpCase((f32(1, 5), f32(7, 5)), {"transpose_b": True}),
                     OpCase((f32(1, 33), f32(19, 33)), {"transpose_b": True})],
+    # softmax(q @ k^T * scale) @ v, keys [n, d] (transpose_b) or [d, n]
+    "attention_tiled": [OpCase((f32(2, 5, 4), f32(2, 6, 4), f32(2, 6, 3)),
+                               {"transpose_b": True, "scale": 0.5}),
+                        OpCase((f32(1, 3, 4), f32(1, 4, 7), f32(1, 7, 2)))],
+    # the reference rounds the softmax's output to bfloat16, the te compute does not
+    "attention_tiled_bf16": [OpCase((bf16_exact(2, 5, 4), bf16_exact(2, 6, 4),
+                                     bf16_exact(2, 6, 3)), {"transpose_b": True},
+                                    rtol=1e-2, atol=1e-2)],
     "matmul_tiled": [OpCase((f32(2, 1, 7, 4), f32(3, 4, 9))),
                      OpCase((f32(2, 5, 3), f32(2, 6, 3)), {"transpose_b": True})],
     "einsum": [OpCase((f32(2, 3, 4), f32(2, 4, 5)), {"equation": "bij,bjk->bik"}),

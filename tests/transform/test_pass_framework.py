@@ -163,9 +163,10 @@ def test_timing_instrument_reports_nested_passes() -> None:
     names = [t.name for t in timing.timings]
     assert names == ["graph-default", "quantize-ops", "quant-layout", "fold-constants",
                      "recognize-composites", "fold-batchnorm", "merge-copies",
-                     "block-convolutions", "nchwc-layout", "block-matmuls", "fuse-ops",
-                     "legalize-ops", "dead-code-elimination", "lower-graph-to-tensor"]
-    assert [t.depth for t in timing.timings] == [0] + [1] * 13
+                     "block-convolutions", "nchwc-layout", "block-matmuls", "block-attention",
+                     "fuse-ops", "legalize-ops", "dead-code-elimination",
+                     "lower-graph-to-tensor"]
+    assert [t.depth for t in timing.timings] == [0] + [1] * 14
     assert all(t.seconds >= 0 for t in timing.timings)
     assert timing.total() == timing.timings[0].seconds
     report = timing.report().splitlines()
@@ -183,8 +184,8 @@ def test_dump_ir_to_directory_and_callback(tmp_path: Path) -> None:
     files = sorted(p.name for p in (tmp_path / "dumps").iterdir())
     passes = ["quantize-ops", "quant-layout", "fold-constants", "recognize-composites",
               "fold-batchnorm", "merge-copies", "block-convolutions", "nchwc-layout",
-              "block-matmuls", "fuse-ops", "legalize-ops", "dead-code-elimination",
-              "lower-graph-to-tensor"]
+              "block-matmuls", "block-attention", "fuse-ops", "legalize-ops",
+              "dead-code-elimination", "lower-graph-to-tensor"]
     assert files == [f"{i:03d}_{name}.py" for i, name in enumerate(passes)]
     assert [n for n, _ in texts] == passes
     last = (tmp_path / "dumps" / files[-1]).read_text()

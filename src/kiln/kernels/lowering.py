@@ -59,6 +59,8 @@ _LAZY: dict[str, str] = {
     "matmul_gemv": "kiln.kernels.gemm.lowering:MATMUL_GEMV",
     "cblas_matmul": "kiln.kernels.gemm.cblas:CBLAS_MATMUL",
     "matmul_nbits_packed": "kiln.kernels.gemm.nbits:MATMUL_NBITS_PACKED",
+    "attention_tiled": "kiln.kernels.gemm.attention_blocks:ATTENTION_TILED",
+    "attention_tiled_bf16": "kiln.kernels.gemm.attention_blocks:ATTENTION_TILED_BF16",
 
     # conv (kiln.kernels.conv)
     "conv2d_blocked": "kiln.kernels.conv.lowering:BLOCKED",

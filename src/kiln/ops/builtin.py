@@ -1,6 +1,7 @@
 """Imports every module that registers built-in operators."""
 
 from kiln.ops import (  # noqa: F401
+    attention_blocks,
     cblas,
     channel_scale_nchwc,
     conv_bf16,

@@ -436,7 +436,7 @@ def _softmax_compute(log: bool) -> Callable[[Sequence[te.Tensor], Attrs], te.Ten
     return compute
 
 
-def _softmax_ref(x: np.ndarray, axis: int = -1, **attrs: Any) -> np.ndarray:
+def softmax_ref(x: np.ndarray, axis: int = -1, **attrs: Any) -> np.ndarray:
     x64 = x.astype(np.float64)
     with np.errstate(invalid="ignore"):  # a row of -inf, or holding +inf, is NaN
         e = np.exp(x64 - x64.max(axis=axis, keepdims=True))
@@ -451,8 +451,10 @@ def _log_softmax_ref(x: np.ndarray, axis: int = -1, **attrs: Any) -> np.ndarray:
 
 # Row kernels built by hand (kiln.kernels.rows); FuseOps fuses elementwise chains
 # on both sides of them.
-register_op("softmax", pattern="reduce", infer=_same_type, compute=_softmax_compute(False),
-            reference=_softmax_ref)
+#: softmax over an axis as a tensor expression (also attention_tiled's fallback).
+softmax_compute = _softmax_compute(False)
+register_op("softmax", pattern="reduce", infer=_same_type, compute=softmax_compute,
+            reference=softmax_ref)
 register_op("log_softmax", pattern="reduce", infer=_same_type, compute=_softmax_compute(True),
             reference=_log_softmax_ref)
 

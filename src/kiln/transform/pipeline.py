@@ -72,7 +72,8 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     convolutions in words of 4 channels (kiln.transform.quant_layout), fold constants,
     recognize spelled-out GELU and layer norm (recognize-composites), fold BatchNorm,
     merge reshape/transpose chains into one copy and read transposed matmul operands in
-    place (merge-copies), pick the convolution and matrix-product kernels, fuse
+    place (merge-copies), pick the convolution and matrix-product kernels, compute
+    attention by blocks of query rows where its scores pass the L2 cache (block-attention), fuse
     elementwise chains, legalize operators, drop dead code, lower to PrimFuncs. BatchNorm
     folding must precede fusion, which would otherwise swallow the multiply/add it folds
     into the convolution. `nchwc`: keep convolution chains in the blocked activation
@@ -80,6 +81,9 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     only chains holding a depthwise convolution are (on ISAs with 8 float32 lanes or more:
     `NchwcLayout(depthwise_only=True)`), and on AVX2 and AVX-512 every chain that pays
     (`pointwise_regions=True`)."""
+    from kiln.transform.attention_blocks import (
+        BlockAttention,  # lazy: kiln.transform.registry loads it on first use
+    )
     from kiln.transform.composite_ops import (
         RecognizeComposites,  # lazy: kiln.transform.registry loads it on first use
     )
@@ -134,8 +138,8 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
 
     return Sequential([QuantizeOps(), QuantLayout(), FoldConstants(), RecognizeComposites(),
                        FoldBatchNorm(), MergeCopies(), *blas, BlockConvolutions(), *layout,
-                       BlockMatmuls(), FuseOps(), LegalizeOps(), DeadCodeElimination(),
-                       LowerGraphToTensor()],
+                       BlockMatmuls(), BlockAttention(), FuseOps(), LegalizeOps(),
+                       DeadCodeElimination(), LowerGraphToTensor()],
                       name="graph-default")
 
 

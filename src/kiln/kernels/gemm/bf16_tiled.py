@@ -47,7 +47,7 @@ from kiln.target.isa import ISA
 
 
 @dataclass(frozen=True)
-class _B:
+class ActivationB:
     """B as the run-time conversion reads it: logical `[*batch, k, n]`, stored
     transposed (`[*batch, n, k]`) or not."""
 
@@ -68,8 +68,8 @@ class _B:
         return select(compare("lt", col, const(self.n)), value, zero)
 
 
-def pack_b_bf16_at_run_time(b: _B, nr: int, *, isa: ISA) -> tuple[list[Stmt], BWords, int,
-                                                                   int]:
+def pack_b_bf16_at_run_time(b: ActivationB, nr: int, *, isa: ISA
+                            ) -> tuple[list[Stmt], BWords, int, int]:
     """The statements converting B into a workspace of bfloat16 words (see the module
     docstring), its reader, and its words and panels per batch entry. A transposed B
     (K^T) is read along K (the inner loop over one word's 16 K values), otherwise along
@@ -152,7 +152,7 @@ class Bf16TiledGemm(Family):
         tile = recorded_tile(attrs, 2, self.op)
         mr, nr = tile if tile else (choose_tile(m, n, isa).mr, choose_tile(m, n, isa).nr)
         mr = min(mr, m) if isinstance(m, int) else mr
-        rb = _B(store.buffers[b], batch, k, n, bool(attrs.get("transpose_b")))
+        rb = ActivationB(store.buffers[b], batch, k, n, bool(attrs.get("transpose_b")))
         prologue, words_at, words, panels = pack_b_bf16_at_run_time(rb, nr, isa=isa)
         nest = Bf16Nest(store.buffers[a], words_at, store.out, store.epilogue, (m,), m, n, k,
                         mr, nr, panel_group(words, nr, panels, isa), words, panels, isa,

@@ -1,0 +1,303 @@
+"""The kernel of `attention_tiled` (kiln.ops.attention_blocks): attention by blocks of
+query rows, the block's scores kept in a small workspace instead of the whole
+`[*batch, m, n]` score tensor.
+
+The keys are packed into the micro-kernel's panels once per call (kiln.kernels.gemm
+.run_time_pack); then one parallel loop over (batch, block of `rows` query rows) runs,
+per block, the three steps the unfused graph runs as three kernels over all rows:
+
+1. `S = Q_block @ K^T * scale` into a `[rows][n]` workspace by register tiles
+   (kiln.kernels.gemm.micro_kernel.register_tile);
+2. softmax of each row of `S` in place (kiln.kernels.rows.softmax.softmax_row);
+3. `out_block = S @ V` by register tiles reading V in place (its rows are the product's
+   K steps, `nr` consecutive values each: no packing needed).
+
+With `precision=bf16` (`attention_tiled_bf16`) both products take bfloat16 operands
+with float32 sums, as `matmul_tiled_bf16`'s kernel (kiln.kernels.gemm.bf16_tiled):
+the keys and values converted once per call into bfloat16 panels of words, each row
+tile's query rows and score rows into words on the stack before its panels, one
+`dot2_bf16` (`vdpbf16ps`) per 16 lanes and word; the softmax stays float32.
+
+A block's workspace is sized to stay in the L2 cache (`ISA.l2_bytes`) with the keys and
+values of its head, so the scores are written and read back in cache: the unfused
+kernels move the whole score tensor through memory three times (for the Whisper
+encoder's 8 x 1500 x 1500 scores, 72 MB a layer). The last block's rows past `m` are
+computed from the last query row and not stored. The sums are those of the unfused
+kernels' tiles: each score and output element is one register tile's chain over K, in
+order, so the results equal theirs for the same tile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from kiln.ir.attrs import ATTR_GEMM_KERNEL
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import (
+    DOT2_BF16,
+    Allocate,
+    Buffer,
+    For,
+    IfThenElse,
+    Intrin,
+    LetStmt,
+    PrimExpr,
+    PrimFunc,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    compare,
+    min_,
+    select,
+    seq,
+)
+from kiln.kernels.gemm.bf16 import bf16_word
+from kiln.kernels.gemm.bf16_tiled import ActivationB, pack_b_bf16_at_run_time
+from kiln.kernels.gemm.families import choose_tile
+from kiln.kernels.gemm.lowering import GemmLowering
+from kiln.kernels.gemm.micro_kernel import register_tile, unflatten
+from kiln.kernels.gemm.run_time_pack import pack_b_at_run_time
+from kiln.kernels.rows.loops import RowLoops
+from kiln.kernels.rows.softmax import softmax_row
+from kiln.kernels.tiles import const, lanes_loop, parallel_tiles, tile_lanes
+from kiln.ops import te
+from kiln.ops.attention_blocks import ATTENTION, ATTENTION_BF16, attention_dims
+from kiln.ops.gemm_bf16 import PAIR_BLOCK, PAIR_STRIDE
+from kiln.target.isa import ISA
+
+F32 = "float32"
+
+#: The share of the L2 cache a block's score rows may take; the rest holds the packed
+#: keys and the values they are multiplied with.
+SCORES_L2_SHARE = 8
+
+
+def block_rows(m: int, n: int, mr: int, l2_bytes: int) -> int:
+    """Query rows per block: whole tiles of `mr` rows whose `n` float32 scores fit a
+    `SCORES_L2_SHARE`th of `l2_bytes` (one tile at least), evened out over the blocks
+    `m` rows need (so the last block is not mostly rows past `m`)."""
+    tiles = -(-m // mr)
+    fit = max(1, l2_bytes // SCORES_L2_SHARE // (4 * n * mr))
+    blocks = -(-tiles // min(fit, tiles))
+    return -(-tiles // blocks) * mr
+
+
+Tile = tuple[PrimExpr, ...]
+#: A row tile's operand A: (row within the tile, k) -> value.
+ARows = Callable[[int, PrimExpr], PrimExpr]
+#: A row tile's store: (row within the tile, column, value) -> statement.
+TileStore = Callable[[int, PrimExpr, PrimExpr], Stmt]
+
+
+@dataclass(frozen=True)
+class Product:
+    """One of the two products as a row tile runs it: `k` steps of the sum, `columns`
+    output columns in panels of `nr`, B's value at (batch index, panel, k, lane) for
+    float32 tiles, or B's bfloat16 words (flat batch index, panel, word, lane) and
+    their count per panel for bfloat16 tiles."""
+
+    k: int
+    columns: int
+    b_at: Callable[..., PrimExpr]
+    words: int = 0
+
+
+@dataclass(frozen=True)
+class Operands:
+    """The operands and sizes of one attention kernel."""
+
+    q: Buffer
+    k: Buffer
+    v: Buffer
+    out: Buffer
+    transpose_b: bool
+    scale: float
+
+    @property
+    def dims(self) -> tuple[tuple[int, ...], int, int, int, int]:
+        """(batch, m, n, d, dv)."""
+        batch, m, n, d, dv = attention_dims([self.q.shape, self.k.shape, self.v.shape],
+                                            {"transpose_b": self.transpose_b})
+        return batch, m, n, d, dv
+
+
+@dataclass(frozen=True)
+class AttentionLowering(GemmLowering):
+    """The kernel of `attention_tiled` (float32) or `attention_tiled_bf16` calls (a
+    kiln.kernels.lowering.Lowering) for static float32 operands."""
+
+    supports_symbolic: bool = False
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
+                    attrs: Mapping[str, Any], anchor: te.Tensor | None,
+                    result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
+        """The blocked attention kernel; None for a fused chain or symbolic shapes."""
+        bf16 = self.op == ATTENTION_BF16
+        if anchor is not None or result is not None or len(args) != 3:
+            return None
+        if not all(isinstance(d, int) for t in args for d in t.shape):
+            return None
+        if bf16 and tile_lanes(isa) != 16:
+            return None  # dot2_bf16 computes 16 lanes
+        buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
+        q, k, v = (buffers[t] for t in args)
+        batch, m, _, _, dv = attention_dims([t.shape for t in args], attrs)
+        ops = Operands(q, k, v, Buffer("out", (*batch, m, dv), F32),
+                       bool(attrs.get("transpose_b")), float(attrs.get("scale", 1.0)))
+        return PrimFunc((*(buffers[t] for t in params), ops.out),
+                        attention_body(ops, bf16, isa=isa), {ATTR_GEMM_KERNEL: self.op})
+
+
+def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
+    """The statements computing `out = softmax(q @ k^T * scale) @ v` (module docstring)."""
+    batch, m, n, d, dv = ops.dims
+    heads = 1
+    for x in batch:
+        heads *= x
+    tile = choose_tile(m, n, isa)  # Q @ K^T's, the larger product; P @ V takes it too
+    mr, nr = tile.mr, tile.nr
+    rows = block_rows(m, n, mr, isa.l2_bytes)
+    blocks = -(-m // rows)
+    if bf16:
+        pack_k, keys, words_d, _ = pack_b_bf16_at_run_time(
+            ActivationB(ops.k, batch, d, n, ops.transpose_b), nr, isa=isa)
+        pack_v, values, words_n, _ = pack_b_bf16_at_run_time(
+            ActivationB(ops.v, batch, n, dv, False), nr, isa=isa)
+        packing = [*pack_k, *pack_v]
+        qk, pv = Product(d, n, keys, words_d), Product(n, dv, values, words_n)
+        row_tile: Callable[..., Stmt] = _bf16_row_tile
+    else:
+        packing, key_at = pack_b_at_run_time(ops.k, batch, d, n, nr, ops.transpose_b, isa=isa)
+        # a partial last panel reads V's last column again past dv (not stored)
+        qk = Product(d, n, key_at)
+        pv = Product(n, dv, lambda bidx, p, kk, lane: ops.v[(
+            *bidx, kk, p * nr + lane if dv % nr == 0 else min_(p * nr + lane, dv - 1))])
+        row_tile = _f32_row_tile
+    factor = as_expr(ops.scale, F32)
+    loops = RowLoops(n, min(tile_lanes(isa), n))
+
+    def block(h: PrimExpr, blk: PrimExpr) -> Stmt:
+        lets: list[Stmt] = []
+        bidx = unflatten(h, batch, "j", lets)
+        first = blk * rows
+        scores = Buffer("scores", (rows, n), F32)
+
+        def scores_tile(t: Var) -> Stmt:
+            def a_at(r: int, kk: PrimExpr) -> PrimExpr:  # rows past m repeat the last one
+                return ops.q[(*bidx, min_(first + t * mr + r, m - 1), kk)]
+
+            def store(r: int, col: PrimExpr, x: PrimExpr) -> Stmt:
+                return Store(scores, x * factor, (t * mr + r, col))
+
+            return row_tile(qk, (h, bidx), mr, nr, a_at, store, isa)
+
+        def softmax(r: Var) -> Stmt:
+            return softmax_row(loops, lambda j: scores[r, j], lambda j: (scores, (r, j)),
+                               lambda j, x: Store(scores, x, (r, j)), False, isa=isa)
+
+        def out_tile(t: Var) -> Stmt:
+            def store(r: int, col: PrimExpr, x: PrimExpr) -> Stmt:
+                row = first + t * mr + r
+                return IfThenElse(compare("lt", row, const(m)),
+                                  Store(ops.out, x, (*bidx, row, col)))
+
+            return row_tile(pv, (h, bidx), mr, nr, lambda r, kk: scores[t * mr + r, kk],
+                            store, isa)
+
+        return seq(*lets, Allocate(scores), _loop("t", rows // mr, scores_tile),
+                   _loop("r", rows, softmax), _loop("t", rows // mr, out_tile))
+
+    return seq(*packing, parallel_tiles((heads, blocks), block))
+
+
+def _f32_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int,
+                  a_at: ARows, store: TileStore, isa: ISA) -> Stmt:
+    """A row tile of `mr` rows by every panel of `product`: float32 register tiles."""
+    bidx = at[1]
+
+    def panel(p: Var) -> Stmt:
+        acc, stmts = register_tile(
+            mr, nr, product.k, [partial(a_at, r) for r in range(mr)],
+            lambda kk, lane: product.b_at(bidx, p, kk, lane), F32, isa.fma)
+        return seq(*stmts, *(_stores(_row_store(store, r, p, nr, acc), nr, product.columns, p)
+                             for r in range(mr)))
+
+    return _loop("p", -(-product.columns // nr), panel)
+
+
+def _bf16_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int,
+                   a_at: ARows, store: TileStore, isa: ISA) -> Stmt:
+    """A row tile of `mr` rows by every panel of `product`: the rows converted to
+    bfloat16 words once (`k` zero-padded to whole blocks, paired as the panels are,
+    kiln.ops.gemm_bf16), then per panel a tile of `dot2_bf16` sums."""
+    words = product.words
+    abuf = Buffer("a_bf16", (mr, words), "int32", "local")
+    zero = as_expr(0.0, F32)
+
+    def a_padded(r: int, kk: PrimExpr) -> PrimExpr:
+        if product.k % PAIR_BLOCK == 0:
+            return a_at(r, kk)
+        return select(compare("lt", kk, const(product.k)), a_at(r, min_(kk, product.k - 1)),
+                      zero)
+
+    blk = Var("q", INDEX_DTYPE)
+
+    def pair(r: int, j: PrimExpr) -> Stmt:
+        k0 = blk * PAIR_BLOCK + j
+        return Store(abuf, bf16_word(a_padded(r, k0), a_padded(r, k0 + PAIR_STRIDE)),
+                     (const(r), blk * PAIR_STRIDE + j))
+
+    convert = For(blk, const(0), const(words // PAIR_STRIDE), "serial", seq(*(
+        lanes_loop("j", PAIR_STRIDE, partial(pair, r)) for r in range(mr))))
+
+    def panel(p: Var) -> Stmt:
+        acc = Buffer("acc", (mr, nr), F32, "local")
+        init = lanes_loop("v", nr, lambda lane: seq(*(Store(acc, zero, (const(r), lane))
+                                                       for r in range(mr))))
+        w = Var("w", INDEX_DTYPE)
+        xs = [Var(f"a{r}", "int32") for r in range(mr)]
+
+        def lane_sums(lane: PrimExpr) -> Stmt:
+            bv = Var("b", "int32")
+            return seq(LetStmt(bv, product.b_at(at[0], p, w, lane)), *(
+                Store(acc, Intrin(DOT2_BF16, (acc[const(r), lane], xs[r], bv)),
+                      (const(r), lane)) for r in range(mr)))
+
+        step = seq(*(LetStmt(x, abuf[const(r), w]) for r, x in enumerate(xs)),
+                   lanes_loop("v", nr, lane_sums))
+        sums = For(w, const(0), const(words), "serial", step)
+        return seq(Allocate(acc), init, sums, *(_stores(
+            _row_store(store, r, p, nr, acc), nr, product.columns, p) for r in range(mr)))
+
+    return seq(Allocate(abuf), convert, _loop("p", -(-product.columns // nr), panel))
+
+
+def _row_store(store: TileStore, r: int, panel: Var, nr: int, acc: Buffer
+               ) -> Callable[[PrimExpr], Stmt]:
+    """The store of tile row `r`'s lane (in `panel`) from the accumulators `acc`."""
+    return lambda lane: store(r, panel * nr + lane, acc[const(r), lane])
+
+
+def _loop(name: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
+    var = Var(name, INDEX_DTYPE)
+    return For(var, const(0), const(extent), "serial", body(var))
+
+
+def _stores(store: Callable[[PrimExpr], Stmt], nr: int, columns: int, panel: Var) -> Stmt:
+    """`store(lane)` for the `nr` lanes of a tile row in `panel`, only those under
+    `columns` in the last panel when `nr` does not divide `columns`."""
+    whole = lanes_loop("v", nr, store)
+    if columns % nr == 0:
+        return whole
+    width = as_expr(columns, INDEX_DTYPE) - panel * nr
+    lane = Var("v", INDEX_DTYPE)
+    part = For(lane, const(0), min_(nr, width), "serial", store(lane))
+    return IfThenElse(compare("ge", width, const(nr)), whole, part)
+
+
+ATTENTION_TILED = AttentionLowering(ATTENTION)
+ATTENTION_TILED_BF16 = AttentionLowering(ATTENTION_BF16)

@@ -1,0 +1,136 @@
+"""BlockAttention: attention's products and softmax as one kernel over blocks of query
+rows, where the scores would not stay in cache.
+
+After `block-matmuls`, a float32 attention is the chain
+
+    s = matmul_tiled(q, k[, transpose_b]); x = multiply(s, c)   (c a scalar, optional)
+    p = softmax(x, axis=-1); out = matmul_tiled(p, v)
+
+(both products `matmul_tiled_bf16` on `precision=bf16` targets), whose kernels write
+the `[*batch, m, n]` scores, read them back and write them again, then read them once
+more. The pass rewrites it to `attention_tiled(q, k, v)` (`attention_tiled_bf16`;
+kiln.ops.attention_blocks) when each link is read only by the next, the batch dims are
+equal and static, and the scores exceed the target's L2 cache (`ISA.l2_bytes`): the kernel then
+computes a block of query rows at a time with its scores in cache (kiln.kernels.gemm
+.attention_blocks). Smaller scores (a decode step's one query row, short sequences) stay
+on the three kernels, which keep them in cache already. The pass runs after
+`block-matmuls` (whose `matmul_tiled` it reads: targets without the GEMM kernels keep
+`matmul`) and before `fuse-ops`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir import graph as g
+from kiln.ir.analysis.graph_uses import var_use_counts
+from kiln.ir.module import IRModule
+from kiln.ir.types import TensorType
+from kiln.ops import call
+from kiln.ops.attention_blocks import ATTENTION, ATTENTION_BF16
+from kiln.ops.gemm import TILED
+from kiln.ops.gemm_bf16 import TILED_BF16
+from kiln.target.isa import ISA
+from kiln.transform.kernel_isa import kernel_isa
+from kiln.transform.pass_base import FunctionPass
+
+Defs = dict[g.Var, Any]
+#: The products' op -> the op of the blocked attention over them.
+_FUSED = {TILED: ATTENTION, TILED_BF16: ATTENTION_BF16}
+
+
+@dataclass(frozen=True)
+class BlockAttention(FunctionPass):
+    """Rewrite `matmul_tiled -> [multiply by a scalar] -> softmax -> matmul_tiled` chains
+    whose scores exceed the L2 cache to `attention_tiled` (module docstring)."""
+
+    name = "block-attention"
+    level = "graph"
+
+    def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
+        assert isinstance(func, g.Function)
+        isa = kernel_isa()
+        items = list(func.bindings)
+        uses = var_use_counts(func)
+        defs: Defs = {b.var: b.value for b in items}
+        replaced: dict[g.Var, g.Call] = {}
+        dropped: set[g.Var] = set()
+        for b in items:
+            found = _attention(b.value, defs, uses, isa)
+            if found is not None:
+                replaced[b.var], chain = found
+                dropped.update(chain)
+        if not replaced:
+            return func
+        bindings = tuple(g.Binding(b.var, replaced.get(b.var, b.value))
+                         for b in items if b.var not in dropped)
+        return g.Function(func.params, bindings, func.result, dict(func.attrs))
+
+
+def _read_once(x: g.Expr, defs: Defs, uses: Any, op: str) -> g.Call | None:
+    """The call defining `x` when it is a call of `op` read only once."""
+    value = defs.get(x) if isinstance(x, g.Var) else None
+    if isinstance(value, g.Call) and value.op == op and uses[x] == 1:
+        return value
+    return None
+
+
+def _scale(x: g.Expr, defs: Defs, uses: Any) -> tuple[g.Expr, float, list[g.Var]] | None:
+    """(the product under `x`, its scalar factor, the vars read through) when `x` is
+    `multiply(s, c)` with `c` a float32 scalar constant, or `x` itself (factor 1)."""
+    value = _read_once(x, defs, uses, "multiply")
+    if value is None:
+        return x, 1.0, []
+    s, c = value.args
+    if not (isinstance(c, g.Constant) and c.data.size == 1 and c.data.dtype == np.float32):
+        return None
+    assert isinstance(x, g.Var)
+    return s, float(c.data.reshape(())), [x]
+
+
+def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
+               ) -> tuple[g.Call, list[g.Var]] | None:
+    """The `attention_tiled` call replacing the product `value` and the vars of the chain
+    it takes over, or None when `value` ends no chain the kernel takes."""
+    if not (isinstance(value, g.Call) and value.op in _FUSED and len(value.args) == 2
+            and not value.attrs.get("transpose_b")):
+        return None
+    probs, v = value.args
+    softmax = _read_once(probs, defs, uses, "softmax")
+    if softmax is None:
+        return None
+    st = softmax.args[0].type
+    if not (isinstance(st, TensorType) and softmax.attrs.get("axis", -1) in (-1, st.ndim - 1)):
+        return None
+    scaled = _scale(softmax.args[0], defs, uses)
+    if scaled is None:
+        return None
+    scores, factor, through = scaled
+    product = _read_once(scores, defs, uses, value.op)
+    if product is None or not _worth_blocking(st, isa):
+        return None
+    q, k = product.args
+    attrs: dict[str, Any] = {"scale": factor}
+    if product.attrs.get("transpose_b"):
+        attrs["transpose_b"] = True
+    try:
+        out = call(_FUSED[value.op], q, k, v, **attrs)
+    except IRError:
+        return None  # broadcast batch dims, or an operand other than float32
+    if out.ret_type != value.ret_type:
+        return None
+    assert isinstance(probs, g.Var) and isinstance(scores, g.Var)
+    return out, [probs, scores, *through]
+
+
+def _worth_blocking(scores: TensorType, isa: ISA) -> bool:
+    """Whether static float32 scores of this type exceed the L2 cache."""
+    if scores.dtype != "float32" or not all(isinstance(d, int) for d in scores.shape):
+        return False
+    shape = [int(cast(int, d)) for d in scores.shape]
+    return 0 < isa.l2_bytes < 4 * math.prod(shape) and shape[-2] > 1

@@ -1,0 +1,119 @@
+"""Attention by blocks of query rows (`block-attention`, kiln.kernels.gemm
+.attention_blocks) against onnxruntime, on the host's llvm target and the c target
+(which compiles the same kernel IR).
+
+One model of two independent attentions whose scores exceed the L2 cache: the keys
+transposed by the exporter (`transpose_b`) with a scale, 2 heads of 370 query rows
+against 371 keys (a partial last block and a partial last key panel), 40-wide heads
+and 24-wide values (a value panel wider than the values); and keys stored `[d, n]`
+without a scale. The same on `host -precision=bf16` (bfloat16 products, float32 sums)
+within bfloat16's error. A decode step's one query row stays on the three kernels.
+"""
+
+from __future__ import annotations
+
+import kernel_checks
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.errors import TargetError
+from kiln.frontend import from_onnx
+from kiln.ir import graph as g
+from kiln.target import Target
+from kiln.transform import get_pass
+from support.graphs import GraphBuilder
+from support.numerics import assert_close
+from support.targets import native_target
+
+pytest.importorskip("onnxruntime")
+
+# (heads, query rows, keys, head width, value width, the keys transposed, scale)
+CASES = [(2, 370, 371, 40, 24, True, 0.125), (1, 600, 512, 16, 32, False, None)]
+
+
+def _branch(k: int, heads: int, m: int, n: int, d: int, dv: int, transposed: bool,
+            scale: float | None) -> tuple[list, list, list]:
+    q, key, v, y = (f"{x}{k}" for x in ("q", "k", "v", "y"))
+    key_shape = [1, heads, n, d] if transposed else [1, heads, d, n]
+    nodes = [helper.make_node("Transpose", [key], [f"kt{k}"], perm=[0, 1, 3, 2])
+             ] if transposed else []
+    nodes.append(helper.make_node("MatMul", [q, f"kt{k}" if transposed else key], [f"s{k}"]))
+    scores, inits = f"s{k}", []
+    if scale is not None:
+        inits.append(numpy_helper.from_array(np.array(scale, np.float32), f"c{k}"))
+        nodes.append(helper.make_node("Mul", [scores, f"c{k}"], [f"x{k}"]))
+        scores = f"x{k}"
+    nodes += [helper.make_node("Softmax", [scores], [f"p{k}"], axis=-1),
+              helper.make_node("MatMul", [f"p{k}", v], [y])]
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in
+              ((q, [1, heads, m, d]), (key, key_shape), (v, [1, heads, n, dv]))]
+    return nodes, inputs, inits
+
+
+def _model() -> onnx.ModelProto:
+    nodes: list = []
+    inputs: list = []
+    inits: list = []
+    outputs = []
+    for k, (heads, m, n, d, dv, transposed, scale) in enumerate(CASES):
+        more, ins, consts = _branch(k, heads, m, n, d, dv, transposed, scale)
+        nodes += more
+        inputs += ins
+        inits += consts
+        outputs.append(helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT,
+                                                     [1, heads, m, dv]))
+    return kernel_checks.branches_model("attention_blocks", nodes, inputs, outputs, inits)
+
+
+MODEL = _model()
+CHECK = kernel_checks.KernelCases(MODEL, CASES, 1e-5, np.random.default_rng(63))
+reference = CHECK.reference_fixture()
+
+
+@pytest.fixture(scope="module", params=["llvm", "c"])
+def native(request: pytest.FixtureRequest) -> kiln.driver.Executable:
+    return kiln.compile(from_onnx(MODEL), native_target(request.param))
+
+
+def test_blocked_attention_matches_onnxruntime(native: kiln.driver.Executable,
+                                               reference: list[np.ndarray]) -> None:
+    CHECK.assert_close(native(*CHECK.feeds.values()), reference)
+
+
+def _graph_ops(model: onnx.ModelProto, target: str) -> list[str]:
+    mod = from_onnx(model)
+    with Target(target):
+        for name in ("merge-copies", "block-matmuls", "block-attention"):
+            mod = get_pass(name)(mod)
+    return [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)]
+
+
+def test_bf16_blocked_attention_matches_onnxruntime(reference: list[np.ndarray]) -> None:
+    try:
+        target = Target("host -precision=bf16")
+    except TargetError as err:
+        pytest.skip(f"this host cannot run precision=bf16: {err}")
+    got = kiln.compile(from_onnx(MODEL), target)(*CHECK.feeds.values())
+    assert_close([np.asarray(x) for x in got], reference, 1e-2, CASES)
+
+
+@pytest.mark.parametrize(("target", "op"), [("llvm -mcpu=znver4", "attention_tiled"), (
+    "llvm -mcpu=znver4 -precision=bf16", "attention_tiled_bf16")])
+def test_scores_past_the_l2_cache_take_the_blocked_kernel(target: str, op: str) -> None:
+    ops = _graph_ops(MODEL, target)
+    assert ops.count(op) == 2
+    assert "softmax" not in ops and not any(o.startswith("matmul_tiled") for o in ops)
+
+
+def test_a_decode_step_keeps_the_three_kernels() -> None:
+    nodes, inputs, inits = _branch(0, 8, 1, 1500, 64, 64, True, 0.125)
+    b = GraphBuilder()
+    b.add(*nodes)
+    b.consts(inits)
+    model = b.model(inputs, [helper.make_tensor_value_info("y0", TensorProto.FLOAT,
+                                                           [1, 8, 1, 64])], name="decode")
+    ops = _graph_ops(model, "llvm -mcpu=znver4")
+    assert "attention_tiled" not in ops and ops.count("matmul_tiled") == 2
