@@ -13,7 +13,6 @@ from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.kernels.conv.blocked import (
-    MAX_POSITION_WASTE,
     BlockedSchedule,
     Tiling,
     blocked_conv_body,
@@ -56,17 +55,19 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
 
 def blocked_tiling(shape: ConvShape, isa: ISA) -> Tiling:
     """The family's tile for `shape` on `isa`: `choose_tiling`, except that a 1x1 layer on
-    32 registers or more takes a width that fills every tile wherever 6 leaves the last
-    one partly empty (no `MAX_POSITION_WASTE` allowance): 14x14 in 28 tiles of 7, not 33
-    of 6. Each tile reads its channel block's whole weight panel (`ci x cb` values, from
-    L2) for only `tile_w` multiply-adds per weight vector, so on a 1x1 layer the tile
-    count costs more than the few surplus slots of a 3x3 one (docs/performance.md,
-    "DenseNet-121's 14x14 bottlenecks on AVX-512"). AVX2's 16 registers hold no 7-wide
-    tile of two vectors: unchanged there."""
-    registers = tile_registers(isa)
-    pointwise = (shape.kh, shape.kw) == (1, 1) and registers >= 32
-    return choose_tiling(shape, tile_lanes(isa), registers,
-                         0.0 if pointwise else MAX_POSITION_WASTE)
+    32 registers or more takes the width that fills every tile (no `MAX_POSITION_WASTE`
+    allowance) where that one is wider than the rule's: 14x14 in 28 tiles of 7, not 33
+    of 6 (17x17 keeps 6: 5 would fill its tiles with more of them). Each tile reads its
+    channel block's whole weight panel (`ci x cb` values, from L2) for only `tile_w`
+    multiply-adds per weight vector, so fewer, wider tiles pay on a 1x1 layer
+    (docs/performance.md, "DenseNet-121's 14x14 bottlenecks on AVX-512"). AVX2's 16
+    registers hold no 7-wide tile of two vectors: unchanged there."""
+    lanes, registers = tile_lanes(isa), tile_registers(isa)
+    rule = choose_tiling(shape, lanes, registers)
+    if (shape.kh, shape.kw) != (1, 1) or registers < 32:
+        return rule
+    filled = choose_tiling(shape, lanes, registers, max_waste=0.0)
+    return filled if filled.tile_w > rule.tile_w else rule
 
 
 #: Where the blocked kernel prefetches the next channel block's weights
