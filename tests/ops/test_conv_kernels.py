@@ -236,6 +236,22 @@ def test_position_tile_leaves_few_slots_empty(hw: int, lanes: int, registers: in
     assert 2 * tile_w + 3 <= registers
 
 
+@pytest.mark.parametrize(("spec", "k", "hw", "tile_w"), [
+    ("llvm -mcpu=znver5", 1, 14, 7),  # 1x1 on 32 registers: 196 positions in 28 tiles of 7
+    ("llvm -mcpu=znver5", 1, 17, 6),  # 289: only 5 fills (58 tiles): 6 kept, not narrowed
+    ("llvm -mcpu=znver5", 3, 14, 6),  # a 3x3 layer keeps 6 (33 tiles, 2 slots of 198 empty)
+    ("llvm -mcpu=znver3", 1, 14, 6),  # AVX2: 16 registers hold no 7-wide tile of 2 vectors
+])
+def test_pointwise_tiles_fill_every_slot_on_32_registers(spec: str, k: int, hw: int,
+                                                         tile_w: int) -> None:
+    from kiln.kernels.conv.direct import blocked_tiling
+
+    shape = ConvShape(1, 960, hw, hw, 128, k, k, (1, 1), (1, 1), (k // 2,) * 4)
+    isa = isa_for(Target(spec))
+    tiling = blocked_tiling(shape, isa)
+    assert (tiling.cb, tiling.tile_w) == (2 * tile_lanes(isa), tile_w)
+
+
 @pytest.mark.parametrize(("spec", "lanes"), [
     ("llvm -mcpu=znver5", 16), ("llvm -mcpu=skylake-avx512", 16), ("llvm -mcpu=haswell", 8),
     ("llvm -mcpu=znver3", 8), ("llvm -mattr=+avx2,+fma", 8),

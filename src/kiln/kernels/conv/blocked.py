@@ -83,12 +83,13 @@ TILE_POSITION_CHOICES = (5, 6, 7, 8)
 MAX_POSITION_WASTE = 0.02
 
 
-def choose_tiling(shape: ConvShape, lanes: int, registers: int = 16) -> Tiling:
+def choose_tiling(shape: ConvShape, lanes: int, registers: int = 16,
+                  max_waste: float = MAX_POSITION_WASTE) -> Tiling:
     """`cb` = two vectors of output channels (one when the group has no more), `tile_w`
     6 positions: 12 vector accumulators, which fit AVX2's 16 registers with a weight row
     and a broadcast, and leave AVX-512/NEON's 32 room to spare.
 
-    Where 6 leaves more than `MAX_POSITION_WASTE` of the computed positions in the last
+    Where 6 leaves more than `max_waste` of the computed positions in the last
     tile's surplus slots (a small image: 7x7 computes 54 for 49), the width of
     `TILE_POSITION_CHOICES` (whole image when it has fewer positions) that fits
     `registers` and computes the fewest positions is taken, 6 first on ties, then
@@ -101,7 +102,7 @@ def choose_tiling(shape: ConvShape, lanes: int, registers: int = 16) -> Tiling:
     def computed(w: int) -> int:
         return -(-positions // w) * w
 
-    if computed(TILE_POSITIONS) - positions <= MAX_POSITION_WASTE * positions:
+    if computed(TILE_POSITIONS) - positions <= max_waste * positions:
         return Tiling(cb=cb, tile_w=TILE_POSITIONS)
     widths = [positions] if positions < TILE_POSITIONS else list(TILE_POSITION_CHOICES)
     fits = [w for w in widths if vectors * w + vectors + 1 <= registers] or [TILE_POSITIONS]

@@ -40,7 +40,7 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
     input-channel loop unrolled by it (the call's `unroll`), None the rule's."""
     def body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
              epilogue: Epilogue, fused: bool, block: int) -> Stmt:
-        tile_w = t[1] if t else choose_tiling(shape, tile_lanes(isa), tile_registers(isa)).tile_w
+        tile_w = t[1] if t else blocked_tiling(shape, isa).tile_w
         tiling = Tiling(cb=int(w.shape[5]), tile_w=tile_w)
         kblock = choose_k_blocking(shape, tiling, isa) if segment is None else \
             segment_blocking(tiling, isa, segment)
@@ -51,6 +51,23 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
         return blocked_conv_body(shape, x, w, out, schedule, epilogue, isa=isa)
 
     return body
+
+
+def blocked_tiling(shape: ConvShape, isa: ISA) -> Tiling:
+    """The family's tile for `shape` on `isa`: `choose_tiling`, except that a 1x1 layer on
+    32 registers or more takes the width that fills every tile (no `MAX_POSITION_WASTE`
+    allowance) where that one is wider than the rule's: 14x14 in 28 tiles of 7, not 33
+    of 6 (17x17 keeps 6: 5 would fill its tiles with more of them). Each tile reads its
+    channel block's whole weight panel (`ci x cb` values, from L2) for only `tile_w`
+    multiply-adds per weight vector, so fewer, wider tiles pay on a 1x1 layer
+    (docs/performance.md, "DenseNet-121's 14x14 bottlenecks on AVX-512"). AVX2's 16
+    registers hold no 7-wide tile of two vectors: unchanged there."""
+    lanes, registers = tile_lanes(isa), tile_registers(isa)
+    rule = choose_tiling(shape, lanes, registers)
+    if (shape.kh, shape.kw) != (1, 1) or registers < 32:
+        return rule
+    filled = choose_tiling(shape, lanes, registers, max_waste=0.0)
+    return filled if filled.tile_w > rule.tile_w else rule
 
 
 #: Where the blocked kernel prefetches the next channel block's weights
@@ -195,7 +212,7 @@ class DirectConv(Family):
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         shape = conv_call_shape(call)
         assert shape is not None
-        t = choose_tiling(shape, tile_lanes(isa), tile_registers(isa))
+        t = blocked_tiling(shape, isa)
         return self.pack_tile(call, isa, (t.cb, t.tile_w))
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
@@ -204,7 +221,7 @@ class DirectConv(Family):
         shape = conv_call_shape(call)
         assert shape is not None
         lanes = tile_lanes(isa)
-        rule = choose_tiling(shape, lanes, tile_registers(isa))
+        rule = blocked_tiling(shape, isa)
         out = [(v * lanes, tw) for v in range(1, 5) if v == 1 or (v - 1) * lanes < shape.co_group
                for tw in TUNED_WIDTHS if fits_registers(v * tw, v, isa)]
         return sorted((t for t in out if t != (rule.cb, rule.tile_w)),
