@@ -43,8 +43,9 @@ def test_codegen_llvm_returns_object_bitcode_host_and_constants() -> None:
     arts = _codegen(mod, Target("llvm"))
     assert [(a.codegen_id, a.loader, a.file_name) for a in arts] == [
         ("llvm", "native", "kernels.o"), ("llvm", "none", "kernels.bc"),
-        ("host", "native", "host.c"), ("llvm", "native", "constants.bin")]
-    obj, bc, _, consts = arts
+        ("host", "native", "host.c"), ("llvm", "native", "constants.bin"),
+        ("llvm", "native", "const_table.c")]
+    obj, bc, _, consts, table = arts
     assert obj.content[:4] == b"\x7fELF"
     assert obj.metadata["functions"] == ["kiln__kernel_affine"]
     assert obj.metadata["externs"] == [] and "-lm" in obj.metadata["libs"]
@@ -58,7 +59,10 @@ def test_codegen_llvm_returns_object_bitcode_host_and_constants() -> None:
     elf = ELFFile(io.BytesIO(obj.content))
     syms = {s.name: s for s in elf.get_section_by_name(".symtab").iter_symbols()}
     assert syms["kiln__kernel_affine"]["st_other"]["visibility"] == "STV_HIDDEN"
-    assert syms["kiln__consts"]["st_shndx"] == "SHN_UNDEF"
+    # The kernels read each constant's address from the table const_table.c defines.
+    assert syms["kiln__const_table"]["st_shndx"] == "SHN_UNDEF" and "kiln__consts" not in syms
+    assert consts.metadata["table"] == [[0, 64]]
+    assert b"kiln__consts + 0ULL" in bytes(table.content)
 
 
 def test_exported_library_runs_and_hides_kernels(tmp_path: Path) -> None:
@@ -104,7 +108,7 @@ def test_cross_objects_are_elf_for_their_machine(spec: dict, machine: str, etype
     elf = ELFFile(io.BytesIO(arts[0].content))
     assert elf["e_machine"] == machine and elf["e_type"] == etype
     symbols = {s.name for s in elf.get_section_by_name(".symtab").iter_symbols()}
-    assert {"kiln__kernel_affine", "kiln__consts", "tanhf"} <= symbols
+    assert {"kiln__kernel_affine", "kiln__const_table", "tanhf"} <= symbols
     if machine == "EM_RISCV":
         assert elf["e_flags"] & 0x6 == 0x4  # EF_RISCV_FLOAT_ABI_DOUBLE: lp64d
     if machine == "EM_ARM":

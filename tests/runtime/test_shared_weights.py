@@ -25,7 +25,7 @@ from kiln.artifact.integrity import DIGEST_SIZE
 from kiln.artifact.weights_file import read_header
 from kiln.errors import FormatError
 from kiln.frontend.onnx import from_onnx
-from kiln.runtime import external_weights, load_module
+from kiln.runtime import external_weights, load_module, shared_constants
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 
@@ -126,3 +126,78 @@ def test_a_damaged_lent_chunk_never_reaches_a_result(builds, tmp_path):
         for lib, batch in ((one, 1), (many, 32)):
             with pytest.raises(FormatError, match="mismatch"):
                 lib["main"](ids(batch))
+
+
+def copy_of(so: Path, folder: Path) -> Path:
+    """`so` and its weights file under `folder`: another library image (dlopen maps one
+    image per path)."""
+    folder.mkdir(exist_ok=True)
+    out = folder / so.name
+    out.write_bytes(so.read_bytes())
+    Path(str(out) + ".weights").write_bytes(Path(str(so) + ".weights").read_bytes())
+    return out
+
+
+def test_shared_constants_are_read_through_one_mapping(builds, tmp_path):
+    """The batch-32 library's kernels read the constants it shares with the batch-1
+    library at the batch-1 library's addresses (its table's slots point there: one
+    mapping of those pages in the process, kiln.runtime.shared_constants); a swap of
+    either side, or the lender's close, points them back first, so each library keeps
+    computing with its own weights."""
+    gc.collect()  # the damaged files of the test above are closed (same content hashes)
+    one, many = load_module(builds[1]), load_module(builds[32])
+    mine, theirs = shared_constants.tabled(many), shared_constants.tabled(one)
+    assert mine is not None and theirs is not None
+    assert mine.borrowed and not theirs.borrowed  # the table, not the repacked weight
+    for i, (lender, j) in mine.borrowed.items():
+        assert lender is theirs and mine.slots[i] == theirs.slots[j] != mine.home[i]
+    assert len(mine.borrowed) < len(mine.home)
+    want = {b: onnxruntime_outputs(model(), {"ids": ids(b)})[0] for b in BATCHES}
+    np.testing.assert_allclose(many["main"](ids(32)), want[32], rtol=1e-5, atol=1e-5)
+    one.swap_weights({"table": TABLE * 2, "weight": WEIGHT})  # the lender swaps
+    assert not mine.borrowed and all(mine.slots[i] == mine.home[i]
+                                     for i in range(len(mine.home)))
+    np.testing.assert_allclose(one["main"](ids(1)), 2 * want[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(many["main"](ids(32)), want[32], rtol=1e-5, atol=1e-5)
+    # A swapped library lends nothing: another batch-32 image borrows from `many`.
+    again = load_module(copy_of(builds[32], tmp_path / "again"), verify_weights=True)
+    assert again.weights is many.weights
+    assert {id(lender) for lender, _j in shared_constants.tabled(again).borrowed.values()} \
+        == {id(mine)}
+    for lib in (one, many, again):
+        lib.close()
+
+
+def test_the_lenders_close_points_borrowers_home(builds, tmp_path):
+    gc.collect()
+    one, many = load_module(builds[1]), load_module(builds[32])
+    mine = shared_constants.tabled(many)
+    assert mine is not None and mine.borrowed
+    many.swap_weights({"table": TABLE, "weight": WEIGHT * 3})  # the borrower swaps
+    assert not mine.borrowed
+    np.testing.assert_allclose(many["main"](ids(32)), 3 * (TABLE[ids(32)] @ WEIGHT),
+                               rtol=1e-5, atol=1e-5)
+    third = load_module(copy_of(builds[32], tmp_path / "third"))
+    assert shared_constants.tabled(third).borrowed  # from the batch-1 library again
+    one.close()
+    assert not shared_constants.tabled(third).borrowed
+    np.testing.assert_allclose(third["main"](ids(32)), TABLE[ids(32)] @ WEIGHT,
+                               rtol=1e-5, atol=1e-5)
+    many.close()
+    third.close()
+
+
+def test_an_llvm_and_a_c_build_share_constants(builds, tmp_path):
+    """The `c` backend's kernels read the same table: a `c` build loaded beside the
+    `llvm` one reads the constants they share at the `llvm` library's addresses."""
+    gc.collect()
+    c_build = kiln.compile(from_onnx(model(), shape_dict={"ids": [1]}), "c").export_library(
+        tmp_path / "c_b1.so", weights="external")
+    one, c_one = load_module(builds[1]), load_module(c_build)
+    mine = shared_constants.tabled(c_one)
+    assert mine is not None and mine.borrowed
+    assert all(lender is shared_constants.tabled(one) for lender, _j in mine.borrowed.values())
+    np.testing.assert_allclose(c_one["main"](ids(1)), TABLE[ids(1)] @ WEIGHT,
+                               rtol=1e-5, atol=1e-5)
+    one.close()
+    c_one.close()

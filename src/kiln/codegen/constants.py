@@ -71,6 +71,10 @@ class ConstantPool:
         self._digests: bytes | None = None
         # The model's named weights (kiln.ir.weight_origin.ATTR_WEIGHTS), from from_module.
         self.named_weights: tuple[tuple[Any, ...], ...] | None = None
+        self._index: dict[int, int] = {}
+        # Whether kernels read the constants through `{prefix}_const_table` (the llvm
+        # lowering sets it; kiln.codegen.const_table).
+        self.table = False
 
     def add(self, data: np.ndarray) -> int:
         """Byte offset of `data` in the blob (adding it on first sight)."""
@@ -80,6 +84,7 @@ class ConstantPool:
         self._arena = None  # from now on the arrays are pieces of their own
         offset = -(-self.size // CONST_ALIGN) * CONST_ALIGN
         self._offsets[key] = offset
+        self._index[key] = len(self._keep)
         self._keep.append(data)
         self.size = offset + data.nbytes
         self._digests = None  # the blob changed
@@ -97,6 +102,7 @@ class ConstantPool:
         return Artifact(codegen_id, loader, CONSTANTS_FILE, self.content(),
                         {"symbol": consts_symbol(prefix), "align": CONST_ALIGN,
                          "count": len(self), **({"large": True} if self.large else {}),
+                         **({"table": self.table_entries()} if self.table else {}),
                          **self.integrity()})
 
     def with_replay(self, artifacts: Iterable[Any], prefix: str) -> list[Any]:
@@ -122,6 +128,14 @@ class ConstantPool:
 
     def offset(self, data: np.ndarray) -> int:
         return self._offsets[id(data)]
+
+    def index(self, data: np.ndarray) -> int:
+        """The pool entry of `data` (added already): its slot in `{prefix}_const_table`."""
+        return self._index[id(data)]
+
+    def table_entries(self) -> list[list[int]]:
+        """(offset, bytes) of every entry, by index: the table's slots."""
+        return [[self._offsets[id(d)], int(d.nbytes)] for d in self._keep]
 
     def find(self, data: object) -> int | None:
         """Offset of this very array object in the pool, or None."""

@@ -151,6 +151,12 @@ def consts_symbol(prefix: str) -> str:
     return f"{prefix}_consts"
 
 
+def const_table_symbol(prefix: str) -> str:
+    """`const uint8_t* {prefix}_const_table[]`: the address each constant is read at, by
+    pool index (kiln.codegen.const_table); hidden, writable."""
+    return f"{prefix}_const_table"
+
+
 def swap_symbols(prefix: str) -> dict[str, str]:
     """The entries of kiln_swap.c a library with constants exports (docs/abi.md, "Swapping
     weights"): `symbol` `{prefix}_swap_weights(raw, n_raw)`, `weight_symbol`

@@ -37,12 +37,13 @@ from kiln.artifact.elf import host_machine, machine_name
 from kiln.errors import ArgumentTypeError, FormatError, MissingFileError, UsageError
 from kiln.runtime.cpu_features import check_library
 from kiln.runtime.dynsym import find_blob_symbol
-from kiln.runtime.external_weights import attach, file_check
+from kiln.runtime.external_weights import attach, file_check, lent_chunks
 from kiln.runtime.library import export_library
 from kiln.runtime.loaders import LoadContext, run_loader
 from kiln.runtime.memory_library import memory_file
 from kiln.runtime.module import HostModule, LibraryModule, Module
-from kiln.runtime.weights import arm_check, check_weights
+from kiln.runtime.shared_constants import BorrowingCheck, attach_table
+from kiln.runtime.weights import CheckOnce, arm_check, check_weights
 
 LIBRARY_SUFFIXES = (".so", ".tar")
 # The next step for a file given where a library goes, by its suffix.
@@ -223,7 +224,11 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
         check_weights(root, address, found.size, contents, verify_weights)
         if "weights" in contents.metadata:  # exported with weights="external"
             root.weights = attach(root, contents.metadata["weights"], weights)
-            check = file_check(root, root.weights, contents.metadata)
+            check: CheckOnce = file_check(root, root.weights, contents.metadata)
+            table = attach_table(root, root.weights, contents.metadata["weights"],
+                                 list(contents.artifacts), lent_chunks(root))
+            if table is not None and table.borrowed:
+                check = BorrowingCheck(table, check)
             arm_check(root, check, verify_weights, keep=root.weights)  # holds the mapping
         elif weights is not None:
             raise UsageError(f"{path}: weights={weights!r} given, but the library's weights "

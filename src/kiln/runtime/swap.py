@@ -46,6 +46,7 @@ from kiln.artifact.elf import SHT_SYMTAB, read_symbols
 from kiln.errors import ArgumentTypeError, FormatError, UsageError
 from kiln.runtime import ctypes_abi
 from kiln.runtime.onnx_weights import read_onnx_weights
+from kiln.runtime.shared_constants import before_swap
 
 if TYPE_CHECKING:
     from kiln.runtime.module import LibraryModule, Module
@@ -358,6 +359,8 @@ def swap_weights(module: Module, source: Any) -> None:
     if problems:
         raise UsageError(f"{lib.path}: swap_weights: the weights do not fit the library: "
                          + "; ".join(problems))
+    # Nobody reads these constants through another library, or this one's, from now on.
+    before_swap(lib)
     entry = native_entry(lib)
     if entry is not None:
         lib.run_weight_checks()  # a pending lazy check must see the weights it was made for

@@ -21,6 +21,7 @@ from kiln.codegen.c.vector import vector_preamble
 from kiln.codegen.cfamily.dialect import C_DIALECT, CDialect
 from kiln.codegen.cfamily.helpers import Helpers
 from kiln.codegen.cfamily.signature import ParamQualifiers, check_shape_vars, qualifiers
+from kiln.codegen.const_table import table_artifact
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.cpu_requirements import feature_rows, required_features
 from kiln.codegen.host import codegen_host, uses_heap
@@ -28,6 +29,7 @@ from kiln.codegen.naming import (
     C_TYPE_NAMES,
     CONSTS_BASE,
     check_prefix,
+    const_table_symbol,
     consts_symbol,
     kernel_symbol,
     library_metadata,
@@ -91,9 +93,12 @@ _MACROS = {
 
 
 def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool,
-                 dialect: CDialect = C_DIALECT) -> tuple[str, dict[str, Any]]:
+                 dialect: CDialect = C_DIALECT, const_table: bool = False
+                 ) -> tuple[str, dict[str, Any]]:
     """(kernels.c source, facts for the artifact metadata) of a lowered module; another
-    `dialect` prints the same kernels in another C-family language (kernels.cu)."""
+    `dialect` prints the same kernels in another C-family language (kernels.cu).
+    `const_table`: the kernels read constants' addresses from `{prefix}_const_table`
+    (kiln.codegen.const_table) rather than `{prefix}_consts + offset`."""
     check_prefix(prefix)
     graph_left = sorted(mod.graph_funcs())
     if graph_left:
@@ -104,8 +109,8 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool,
     outlined = outlined_launches(mod, "C codegen")
     funcs = outlined.mod.prim_funcs()
     bodies = outlined.bodies
-    symbols = {kernel_symbol(prefix, name) for name in funcs} | {consts_symbol(prefix),
-                                                                  CONSTS_BASE}
+    symbols = {kernel_symbol(prefix, name) for name in funcs} | {
+        consts_symbol(prefix), const_table_symbol(prefix), CONSTS_BASE}
     profiled = bool(profile_sites(mod))
     if profiled:
         symbols |= {profile_symbol(prefix, n) for n in sorted(PROFILE_INTRINSICS)}
@@ -119,7 +124,7 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool,
     reserved = symbols | _extern_names(mod)
     quals = qualifiers(funcs)
     ctx = ModuleContext(outlined.mod, prefix, pool, Helpers(), externs, quals,
-                        launches=outlined.launches, dialect=dialect)
+                        launches=outlined.launches, dialect=dialect, const_table=const_table)
 
     definitions: list[str] = []
     prototypes: list[str] = []
@@ -163,10 +168,14 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool,
     for macro in sorted(ctx.macros):
         out += [_MACROS[macro], ""]
     out += vector_preamble(ctx.vector_types)
-    if ctx.uses_consts:
+    if ctx.uses_consts and ctx.const_table:
+        out += ["/* Where each weight is read: const_table.c (docs/runtime.md, \"One copy per",
+                "   process\"). */",
+                f"extern KILN_HIDDEN const uint8_t* {const_table_symbol(prefix)}[];", ""]
+    elif ctx.uses_consts:
         out += ["/* Weights: read-only, 64-byte aligned, linked from constants.bin. */",
                 f"extern KILN_HIDDEN const uint8_t {consts_symbol(prefix)}[];", ""]
-    if ctx.uses_consts and ctx.pool.large:
+    if ctx.uses_consts and ctx.pool.large and not ctx.const_table:
         out += ["/* More weights than a 32-bit relocation's offset reaches: kernels read",
                 "   their address at run time (volatile: never folded into a relocation). */",
                 f"static const uint8_t* const volatile {CONSTS_BASE} = "
@@ -270,7 +279,7 @@ def codegen_c(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) ->
     """
 
     check_buffer_sizes(mod, target_pointer_bits(target))
-    source, info = emit_kernels(mod, prefix=prefix, pool=pool)
+    source, info = emit_kernels(mod, prefix=prefix, pool=pool, const_table=True)
     toolchain = toolchain_metadata(target)
     cpu = _cpu_requirements(target)
     cflags = kernel_cflags(target)
@@ -286,4 +295,7 @@ def codegen_c(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) ->
     artifacts = [kernels, host]
     if len(pool):
         artifacts.append(pool.artifact(CODEGEN_ID, prefix))
+        if pool.table:
+            artifacts.append(table_artifact(pool.table_entries(), prefix, CODEGEN_ID,
+                                            host.metadata.get("cflags", ())))
     return artifacts

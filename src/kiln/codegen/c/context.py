@@ -54,6 +54,8 @@ class ModuleContext:
     # (dtype, lanes) of the vector types `vector` loops use (kiln.codegen.c.vector).
     vector_types: set[tuple[str, int]] = field(default_factory=set)
     uses_consts: bool = False
+    # Kernels read constants' addresses from `{prefix}_const_table` (kiln.codegen.const_table).
+    const_table: bool = False
     uses_malloc: bool = False
     dialect: CDialect = C_DIALECT  # the language printed (kiln.codegen.cfamily.dialect)
 

@@ -35,6 +35,7 @@ from kiln.codegen.cfamily.signature import describe_params, param_ctype
 from kiln.codegen.naming import (
     C_TYPE_NAMES,
     CONSTS_BASE,
+    const_table_symbol,
     consts_symbol,
     kernel_symbol,
     parallel_for_symbol,
@@ -440,8 +441,13 @@ class KernelPrinter:
         module.uses_consts = True
         ctype = C_TYPE_NAMES[buf.dtype]
         name = self.ctx.names.fresh(buf.name)
-        base = CONSTS_BASE if module.pool.large else consts_symbol(module.prefix)
-        self.p.line(f"const {ctype}* {name} = (const {ctype}*)({base} + {offset});")
+        if module.const_table:
+            module.pool.table = True
+            slot = f"{const_table_symbol(module.prefix)}[{module.pool.index(data)}]"
+            self.p.line(f"const {ctype}* {name} = (const {ctype}*){slot};")
+        else:
+            base = CONSTS_BASE if module.pool.large else consts_symbol(module.prefix)
+            self.p.line(f"const {ctype}* {name} = (const {ctype}*)({base} + {offset});")
         self.declare(buf, BufferRef(name, const=True))
 
     def decl_buffer(self, s: DeclBuffer) -> None:

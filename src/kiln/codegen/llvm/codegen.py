@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.artifact import Artifact
+from kiln.codegen.const_table import table_artifact
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.cpu_requirements import feature_rows
 from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
@@ -99,6 +100,7 @@ def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
         bf16_dot=bf16_dot_lanes(isa_of(config.triple, config.cpu, config.features)),
         amx_bf16=isa_of(config.triple, config.cpu, config.features).has("amx-bf16"),
         native_f16=isa_of(config.triple, config.cpu, config.features).has("f16c"),
+        const_table=not config.arch.startswith("wasm"),  # wasm links its own data object
         function_attrs=config.function_attrs(), serial_parallel_for=jit,
         # wasm has no host.c (kiln.export.wasm), the JIT none either
         heap_functions=(C_LIBRARY_HEAP if jit or config.arch.startswith("wasm")
@@ -149,6 +151,11 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     if len(pool):
         with timed_step("codegen.constants"):
             artifacts.append(pool.artifact(CODEGEN_ID, prefix))
+            if pool.table:
+                table = table_artifact(pool.table_entries(), prefix, CODEGEN_ID,
+                                       host.metadata.get("cflags", ()))
+                precompile_c(table)  # as host.c is: a load finds the object
+                artifacts.append(table)
     return artifacts
 
 

@@ -21,7 +21,7 @@ from kiln.codegen.cpu_requirements import required_features
 from kiln.codegen.llvm.jit import BITCODE_FILE, JIT_FORMAT, JIT_FORMAT_VERSION
 from kiln.codegen.llvm.lower_to_llvm import ERROR_CODES
 from kiln.codegen.llvm.target_machine import llvm_binding
-from kiln.codegen.naming import consts_symbol, kernel_symbol
+from kiln.codegen.naming import const_table_symbol, consts_symbol, kernel_symbol
 from kiln.errors import CallError, FormatError, KilnError
 from kiln.runtime import LoadContext, Module, RawKernelFunction
 from kiln.runtime.cpu_features import CPUFeatureError, request_amx_permission, skip_requested
@@ -83,11 +83,17 @@ class LLVMJITModule(Module):
         self._engine.finalize_object()
         self._functions = self._wrap_kernels(library)
 
-    def _bind_constants(self, mod: Any, constants: Any | None) -> np.ndarray | None:
+    def _bind_constants(self, mod: Any, constants: Any | None) -> Any:
         symbol = consts_symbol(self.prefix)
         try:
             gv = mod.get_global_variable(symbol)
         except NameError:
+            gv = None
+        try:
+            table = mod.get_global_variable(const_table_symbol(self.prefix))
+        except NameError:
+            table = None
+        if gv is None and table is None:
             return None  # no kernel reads constants
         if constants is None:
             raise FormatError(f"llvmjit: the kernels read constants ({symbol}) but there is no "
@@ -99,8 +105,21 @@ class LLVMJITModule(Module):
         buf = raw[start:start + len(data)]
         buf[:] = np.frombuffer(data, dtype=np.uint8)
         buf.flags.writeable = False
-        self._engine.add_global_mapping(gv, buf.ctypes.data)
-        return raw
+        if gv is not None:
+            self._engine.add_global_mapping(gv, buf.ctypes.data)
+        if table is None:
+            return raw
+        entries = constants.metadata.get("table")
+        if not isinstance(entries, list) or not all(
+                isinstance(e, list) and len(e) == 2 and int(e[0]) >= 0 and
+                int(e[0]) + int(e[1]) <= len(data) for e in entries):
+            raise FormatError(f"llvmjit: the kernels read {const_table_symbol(self.prefix)} "
+                              f"but {CONSTANTS_FILE}'s 'table' metadata is missing or out of "
+                              "its bounds")
+        # The slots: each constant's address in the private copy (the kernels read it here).
+        slots = np.array([buf.ctypes.data + int(e[0]) for e in entries] or [0], dtype=np.uint64)
+        self._engine.add_global_mapping(table, slots.ctypes.data)
+        return raw, slots
 
     def _wrap_kernels(self, library: Mapping[str, Any]) -> dict[str, RawKernelFunction]:
         functions: dict[str, RawKernelFunction] = {}

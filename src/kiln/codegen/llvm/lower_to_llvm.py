@@ -43,7 +43,13 @@ from kiln.codegen.llvm.float16 import HalfConversions
 from kiln.codegen.llvm.float_range import fits_int32
 from kiln.codegen.llvm.intrinsics import emit_intrinsic
 from kiln.codegen.llvm.vector_loops import emit_vector_loop
-from kiln.codegen.naming import consts_symbol, kernel_symbol, parallel_for_symbol, profile_symbol
+from kiln.codegen.naming import (
+    const_table_symbol,
+    consts_symbol,
+    kernel_symbol,
+    parallel_for_symbol,
+    profile_symbol,
+)
 from kiln.errors import CompileError, IRError
 from kiln.escape import c_identifier, is_c_identifier
 from kiln.ir import dtype as dt
@@ -133,6 +139,10 @@ class LoweringOptions:
     bf16_dot: int = 0
     # float16 widens with `fpext` (F16C's vcvtph2ps) rather than integer IR (float16.py).
     native_f16: bool = False
+    # Kernels read each constant's address from `{prefix}_const_table` (a slot per pool
+    # entry, kiln.codegen.const_table) instead of `{prefix}_consts + offset`: the loader
+    # may point a slot at another library's copy of equal bytes (docs/runtime.md).
+    const_table: bool = False
     # Whether the target has AMX-BF16: the AMX tile calls (kiln.ir.amx, amx.py) need it.
     amx_bf16: bool = False
     # ABIs that pass 32-bit integers sign-extended in 64-bit registers (RISC-V 64...).
@@ -266,6 +276,7 @@ class _ModuleLowering:
         self.funcs = mod.prim_funcs()
         self.externs: dict[str, Any] = {}
         self._consts: ir.GlobalVariable | None = None
+        self._table: ir.GlobalVariable | None = None
 
     def run(self) -> LoweredModule:
         self.aliasing = analyze(dict(self.funcs))
@@ -278,7 +289,7 @@ class _ModuleLowering:
                 FunctionLowering(self, name, fn, self.kernels[name]).run()
         return LoweredModule(
             self.module, {n: f.name for n, f in self.kernels.items() if n in self.public},
-            self.externs, self._consts is not None)
+            self.externs, self._consts is not None or self._table is not None)
 
     def _declare_kernel(self, name: str, fn: PrimFunc, noalias: frozenset[int]) -> ir.Function:
         seen: set[int] = set()
@@ -403,18 +414,27 @@ class _ModuleLowering:
 
     # -- module-level objects --------------------------------------------------
 
+    def _external_data(self, name: str, element: ir.Type, align: int) -> ir.GlobalVariable:
+        gv = ir.GlobalVariable(self.module, ir.ArrayType(element, 0), name)
+        gv.linkage = "external"
+        if self.options.hidden:
+            gv.storage_class = "hidden"
+        gv.align = align
+        return gv
+
     def consts_global(self) -> ir.GlobalVariable:
         """`@{prefix}_consts`: the external, 64-byte aligned constants blob."""
         if self._consts is None:
-            gv = ir.GlobalVariable(self.module, ir.ArrayType(I8, 0),
-                                   consts_symbol(self.options.prefix))
-            gv.linkage = "external"
-            if self.options.hidden:
-                gv.storage_class = "hidden"
+            gv = self._external_data(consts_symbol(self.options.prefix), I8, CONST_ALIGN)
             gv.global_constant = True
-            gv.align = CONST_ALIGN
             self._consts = _opaque(gv)
         return self._consts
+
+    def const_table_global(self) -> ir.GlobalVariable:
+        """`@{prefix}_const_table`: the external, writable table of constant addresses."""
+        if self._table is None:
+            self._table = self._external_data(const_table_symbol(self.options.prefix), PTR, 8)
+        return self._table
 
     def loop_metadata(self, kind: str) -> ir.Value | None:
         """A fresh `!llvm.loop` node for a loop of `kind`, or None for plain loops."""
@@ -943,6 +963,18 @@ def _alloc_const(fl: FunctionLowering, s: AllocConst) -> None:
         raise fl.error(f"constant buffer {buf.name!r} ({buf.dtype}, shape {buf.shape}) needs "
                        f"{need} bytes but its data has {s.data.nbytes}")
     offset = fl.parent.pool.add(s.data)
+    if fl.parent.options.const_table:
+        index = fl.parent.pool.index(s.data)
+        fl.parent.pool.table = True
+        slot = fl.b.gep(fl.parent.const_table_global(), [ir.Constant(I64, index)],
+                        inbounds=True, source_etype=PTR)
+        ptr = fl.b.load(slot, name=c_identifier(buf.name), typ=PTR)
+        module = fl.parent.module
+        ptr.set_metadata("align", module.add_metadata([ir.Constant(I64, CONST_ALIGN)]))
+        ptr.set_metadata("nonnull", module.add_metadata([]))
+        fl.declare(buf, ptr)
+        fl.readonly.add(buf)
+        return
     base = fl.parent.consts_global()
     if fl.parent.pool.large:
         # An empty asm hides that the pointer is the symbol's address, so LLVM adds the
