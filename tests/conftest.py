@@ -7,9 +7,11 @@ on what another process compiled. A run without xdist keeps the caller's cache
 setting.
 
 Tests marked `slow` (the longest of the suite: a Ray cluster, model exports and
-compiles, the heaviest documentation pages) run first. pytest-xdist hands tests out
-in collection order, so a long test collected last would keep one worker busy while
-the other has nothing left to do; started first, they overlap with the short ones.
+compiles, the heaviest documentation pages) come first. pytest-xdist hands out its work
+units (an xdist group, or one ungrouped test) by their number of tests, most first (its
+default --loadscope-reorder), ties in collection order, so a long test collected last
+would keep one worker busy while the other has nothing left to do; sorted first, the
+slow ones overlap with the short ones.
 
 Tests that share a module- or class-scoped fixture run on one xdist worker (`make
 test` runs `--dist loadgroup`): spread over both, each worker would build the fixture
