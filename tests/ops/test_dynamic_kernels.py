@@ -332,30 +332,13 @@ def test_interpreter_passes_dims_by_name(case: str) -> None:
                                    rtol=1e-4, atol=1e-5)
 
 
-def _bind_constants(engine: Any, bitcode: Any, pool: Any) -> np.ndarray | None:
-    """Map the kernels' constant symbol (a window's divisors, ...) to an aligned copy of
-    `pool`, as the llvmjit loader does; None when no kernel reads constants."""
-    from kiln.codegen.constants import CONST_ALIGN
-    from kiln.codegen.naming import consts_symbol
-
-    try:
-        gv = bitcode.get_global_variable(consts_symbol("kiln_"))
-    except NameError:
-        return None
-    data = np.frombuffer(bytes(pool.to_bytes()), np.uint8)
-    raw = np.zeros(len(data) + CONST_ALIGN, np.uint8)
-    start = (-raw.ctypes.data) % CONST_ALIGN
-    raw[start:start + len(data)] = data
-    engine.add_global_mapping(gv, raw.ctypes.data + start)
-    return raw
-
-
 def _llvm_kernels(mod: IRModule) -> tuple[Any, dict[str, Any]]:
     """Every PrimFunc of `mod` through the tensor pipeline and the llvm backend (MCJIT)."""
     from llvmlite import binding as llvm
 
     from kiln.codegen.constants import ConstantPool
     from kiln.codegen.llvm.codegen import compile_module
+    from kiln.codegen.llvm.jit_loader import bind_constants
     from kiln.ir.outlined import kernel_funcs
     from kiln.target import Target
     from kiln.transform.outline import OutlineParallelLoops
@@ -366,7 +349,8 @@ def _llvm_kernels(mod: IRModule) -> tuple[Any, dict[str, Any]]:
     c = compile_module(tmod, Target("llvmjit"), prefix="kiln_", pool=pool, jit=True)
     bitcode = llvm.parse_bitcode(c.module.as_bitcode())
     engine = llvm.create_mcjit_compiler(bitcode, c.target_machine)
-    consts = _bind_constants(engine, bitcode, pool)
+    consts = bind_constants(engine, bitcode, "kiln_", bytes(pool.to_bytes()),
+                            pool.table_entries())  # as the llvmjit loader does
     engine.finalize_object()
     engine.kiln_constants = consts  # kept alive as long as the engine
     kernels = {}

@@ -11,6 +11,7 @@ as the packed C entries do.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -84,42 +85,10 @@ class LLVMJITModule(Module):
         self._functions = self._wrap_kernels(library)
 
     def _bind_constants(self, mod: Any, constants: Any | None) -> Any:
-        symbol = consts_symbol(self.prefix)
-        try:
-            gv = mod.get_global_variable(symbol)
-        except NameError:
-            gv = None
-        try:
-            table = mod.get_global_variable(const_table_symbol(self.prefix))
-        except NameError:
-            table = None
-        if gv is None and table is None:
-            return None  # no kernel reads constants
         if constants is None:
-            raise FormatError(f"llvmjit: the kernels read constants ({symbol}) but there is no "
-                              f"{CONSTANTS_FILE} artifact")
-        data = bytes(constants.content)
-        # A private, aligned copy: the engine maps the symbol to it, nothing else sees it.
-        raw = np.zeros(len(data) + CONST_ALIGN, dtype=np.uint8)
-        start = (-raw.ctypes.data) % CONST_ALIGN
-        buf = raw[start:start + len(data)]
-        buf[:] = np.frombuffer(data, dtype=np.uint8)
-        buf.flags.writeable = False
-        if gv is not None:
-            self._engine.add_global_mapping(gv, buf.ctypes.data)
-        if table is None:
-            return raw
-        entries = constants.metadata.get("table")
-        if not isinstance(entries, list) or not all(
-                isinstance(e, list) and len(e) == 2 and int(e[0]) >= 0 and
-                int(e[0]) + int(e[1]) <= len(data) for e in entries):
-            raise FormatError(f"llvmjit: the kernels read {const_table_symbol(self.prefix)} "
-                              f"but {CONSTANTS_FILE}'s 'table' metadata is missing or out of "
-                              "its bounds")
-        # The slots: each constant's address in the private copy (the kernels read it here).
-        slots = np.array([buf.ctypes.data + int(e[0]) for e in entries] or [0], dtype=np.uint64)
-        self._engine.add_global_mapping(table, slots.ctypes.data)
-        return raw, slots
+            return bind_constants(self._engine, mod, self.prefix, None, None)
+        return bind_constants(self._engine, mod, self.prefix, bytes(constants.content),
+                              constants.metadata.get("table"))
 
     def _wrap_kernels(self, library: Mapping[str, Any]) -> dict[str, RawKernelFunction]:
         functions: dict[str, RawKernelFunction] = {}
@@ -210,3 +179,39 @@ def _check_host(llvm: Any, triple: str, cpu: str, features: str) -> None:
     if amx and not request_amx_permission():
         raise CPUFeatureError("llvmjit: the module uses AMX tiles, but Linux refused this "
                               "process the AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM)")
+
+
+def bind_constants(engine: Any, mod: Any, prefix: str, data: bytes | None,
+                   entries: Any) -> Any:
+    """Give MCJIT `engine` the constants `mod`'s kernels read: `{prefix}_consts` mapped to
+    a private, aligned copy of `data` and `{prefix}_const_table` to the addresses of its
+    `entries` ([offset, bytes] by slot, the constants artifact's `table`). Returns what
+    must stay alive as long as the engine (None when no kernel reads constants)."""
+    found = {}
+    for symbol in (consts_symbol(prefix), const_table_symbol(prefix)):
+        with contextlib.suppress(NameError):  # not read by any kernel
+            found[symbol] = mod.get_global_variable(symbol)
+    if not found:
+        return None  # no kernel reads constants
+    if data is None:
+        raise FormatError(f"llvmjit: the kernels read constants ({', '.join(found)}) but "
+                          f"there is no {CONSTANTS_FILE} artifact")
+    raw = np.zeros(len(data) + CONST_ALIGN, dtype=np.uint8)
+    start = (-raw.ctypes.data) % CONST_ALIGN
+    buf = raw[start:start + len(data)]
+    buf[:] = np.frombuffer(data, dtype=np.uint8)
+    buf.flags.writeable = False
+    if consts_symbol(prefix) in found:
+        engine.add_global_mapping(found[consts_symbol(prefix)], buf.ctypes.data)
+    table = found.get(const_table_symbol(prefix))
+    if table is None:
+        return raw
+    if not isinstance(entries, list) or not all(
+            isinstance(e, (list, tuple)) and len(e) == 2 and int(e[0]) >= 0 and
+            int(e[0]) + int(e[1]) <= len(data) for e in entries):
+        raise FormatError(f"llvmjit: the kernels read {const_table_symbol(prefix)} but "
+                          f"{CONSTANTS_FILE}'s 'table' metadata is missing or out of its bounds")
+    # The slots: each constant's address in the private copy (the kernels read it there).
+    slots = np.array([buf.ctypes.data + int(e[0]) for e in entries] or [0], dtype=np.uint64)
+    engine.add_global_mapping(table, slots.ctypes.data)
+    return raw, slots
