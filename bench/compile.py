@@ -41,10 +41,7 @@ loaded machine disturbs less than the wall clock. On this machine's architecture
 LLVM module is compiled in parts on every core (`LLVM split`, `LLVM parts`, `LLVM
 join`; kiln.codegen.llvm.parts), else as one module (`LLVM parse`, `optimize`, `emit`).
 `--kernels-warm` measures each model with its kernels already in the kernel cache
-(kiln.codegen.kernel_cache), as a rebuild after a change of weights finds them;
-`--kernels-from-sibling` after another model of the same family filled it (SIBLINGS:
-ResNet-101 before ResNet-50, DenseNet-169 before DenseNet-121, a 6-layer BERT before
-BERT-base), which numbers the kernels it shares otherwise.
+(kiln.codegen.kernel_cache), as a rebuild after a change of weights finds them.
 """
 
 from __future__ import annotations
@@ -168,14 +165,6 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
-# --kernels-from-sibling: the model compiled first, as (name, the zoo builder's arguments)
-SIBLINGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "resnet50": ("resnet101", {"image": 224, "blocks": (3, 4, 23, 3)}),
-    "densenet121": ("densenet169", {"image": 224, "blocks": (6, 12, 32, 32)}),
-    "bert": ("bert, 6 layers", {"seq": 128, "layers": 6}),
-}
-
-
 def stage_seconds(timing: Any) -> dict[str, float]:
     """Seconds of each of STAGES from a TimingInstrument's passes and steps."""
     def seconds(key: str) -> float:
@@ -214,14 +203,12 @@ def stage_worker(path: str, target_text: str) -> None:
 
 
 def measure(model: onnx.ModelProto, target: str, warm: bool = False,
-            stages: bool = False, kernels_warm: bool = False,
-            before: onnx.ModelProto | None = None) -> dict[str, Any]:
+            stages: bool = False, kernels_warm: bool = False) -> dict[str, Any]:
     """Save `model`, compile it in a fresh process with an empty cache; the worker's
     figures, or {"error": one line} when it fails. With `kernels_warm`, a first process
     compiles it and its compile-cache entries are removed: the measured one finds
     every kernel in the kernel cache (kiln.codegen.kernel_cache), as a rebuild after
-    a weight change does. With `before`, a first process compiles that model into
-    the same caches."""
+    a weight change does."""
     import onnx
 
     import kiln
@@ -240,11 +227,6 @@ def measure(model: onnx.ModelProto, target: str, warm: bool = False,
         if kernels_warm:
             subprocess.run(command, env=env, capture_output=True, check=False)
             shutil.rmtree(Path(tmp) / "cache" / "v2", ignore_errors=True)
-        if before is not None:
-            first = Path(tmp) / "before.onnx"
-            onnx.save(before, first)
-            subprocess.run([*command[:3], str(first), *command[4:]], env=env,
-                           capture_output=True, check=False)
         proc = subprocess.run(command, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout or f"exit status {proc.returncode}").splitlines()
@@ -253,24 +235,15 @@ def measure(model: onnx.ModelProto, target: str, warm: bool = False,
 
 
 def print_stages(models: list[tuple[str, onnx.ModelProto]], target: str,
-                 kernels_warm: bool = False,
-                 siblings: dict[str, tuple[str, onnx.ModelProto]] | None = None) -> None:
+                 kernels_warm: bool = False) -> None:
     """The --stages table: each model's cold compile and load, by stage, in seconds."""
     columns = ["import", *(c for c, _ in STAGES), "other", "total", "cpu"]
-    cache = ("its kernels in the kernel cache" if kernels_warm else
-             "the kernel cache of a sibling model" if siblings else "empty KILN_CACHE_DIR")
+    cache = ("its kernels in the kernel cache" if kernels_warm else "empty KILN_CACHE_DIR")
     print(f"seconds; one fresh process and {cache} per model; cpu: CPU seconds of the "
           f"process and its children; load average {os.getloadavg()[0]:.1f} at the start")
     print(f"{'model':<13}" + "".join(f"{c:>{max(9, len(c) + 1)}}" for c in columns))
     for name, model in models:
-        sibling = (siblings or {}).get(name)
-        if siblings is not None and sibling is None:
-            print(f"{name:<13}   skipped: no sibling model (SIBLINGS)")
-            continue
-        if sibling is not None:
-            print(f"{name:<13}   after {sibling[0]}")
-        r = measure(model, target, stages=True, kernels_warm=kernels_warm,
-                    before=sibling[1] if sibling else None)
+        r = measure(model, target, stages=True, kernels_warm=kernels_warm)
         if "error" in r:
             print(f"{name:<13}   skipped: {r['error']}")
             continue
@@ -294,8 +267,6 @@ def main() -> None:
                         help="split each model's cold compile and load by stage instead")
     parser.add_argument("--kernels-warm", action="store_true",
                         help="with --stages: each model's kernels already in the kernel cache")
-    parser.add_argument("--kernels-from-sibling", action="store_true",
-                        help="with --stages: compile each model after a sibling (SIBLINGS)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
     parser.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
@@ -327,12 +298,8 @@ def main() -> None:
     target = host if args.target == "host" else kiln.Target(args.target)
     print(f"host: {describe_target(host)}   target: {target.kind.name}   sizes: {args.size}")
     if args.stages:
-        siblings = {name: (sibling, zoo.ZOO[name].build(**kwargs))
-                    for name, (sibling, kwargs) in SIBLINGS.items()
-                    if args.kernels_from_sibling and name in names}
         print_stages([(name, build(name)) for name in names], args.target,
-                     kernels_warm=args.kernels_warm,
-                     siblings=siblings if args.kernels_from_sibling else None)
+                     kernels_warm=args.kernels_warm)
         return
     print("one fresh process and empty KILN_CACHE_DIR per model; "
           "RSS/w = (peak - base) / weights")

@@ -3,25 +3,21 @@
 A part (kiln.codegen.llvm.split: a kernel with its loop bodies) compiled once is
 not compiled again, in this build or a later one: another model with the same
 kernel, a rebuild after a weight change. Its key is a SHA-256 over everything that
-decides the code: the part's LLVM IR text with its functions named by placeholders
-(the kernel's op, shapes, tile and the declarations it calls, not the number a
-model gave it: kiln.codegen.llvm.part_names), the machine (triple, CPU, features,
-opt-level, fast-math, vector width, relocation model), the LLVM and llvmlite
-versions, and the sources of kiln's LLVM backend (the optimisation pipeline lives
-there).
+decides the code: the part's LLVM IR text (the kernel's op, shapes, tile, names and
+the declarations it calls), the machine (triple, CPU, features, opt-level, fast-math,
+vector width, relocation model), the LLVM and llvmlite versions, and the sources of
+kiln's LLVM backend (the optimisation pipeline lives there).
 
-Layout: `$KILN_CACHE_DIR/kernels/v2/<aa>/<key>` (else `~/.cache/kiln/kernels/...`,
+Layout: `$KILN_CACHE_DIR/kernels/v1/<aa>/<key>` (else `~/.cache/kiln/kernels/...`,
 next to the compile cache of docs/compile.md), one file per part: a magic line, the
-SHA-256 of the rest and three sizes, then the object, the optimised bitcode, the
+SHA-256 of the rest and two sizes, then the object, the optimised bitcode and the
 declarations of the part's functions as LLVM optimised them (what a caller's part
-is compiled with) and the names of the part's functions it was compiled under (a
-build that finds it under other names renames the code). A file that is not ours
-(another owner, writable by group or others, a symbolic link) or whose checksum
-fails is never used: a damaged one is removed, and the part compiled again, with
-a KernelCacheWarning. Writes go to a temporary name and are renamed. `KILN_CACHE=0`
-(or `KILN_KERNEL_CACHE=0` for this level alone) or
-`PassContext(config={"kiln.cache": False})` turns it off; `clear()` (also
-`kiln.driver.cache.clear()`, `kiln cache clear`) empties it.
+is compiled with). A file that is not ours (another owner, writable by group or
+others, a symbolic link) or whose checksum fails is never used: a damaged one is
+removed, and the part compiled again, with a KernelCacheWarning. Writes go to a
+temporary name and are renamed. `KILN_CACHE=0` (or `KILN_KERNEL_CACHE=0` for this
+level alone) or `PassContext(config={"kiln.cache": False})` turns it off;
+`clear()` (also `kiln.driver.cache.clear()`, `kiln cache clear`) empties it.
 """
 
 from __future__ import annotations
@@ -42,11 +38,10 @@ from typing import Any
 
 from kiln import __version__
 
-FORMAT = "v2"
-_MAGIC = b"kiln kernel object v2\n"
+FORMAT = "v1"
+_MAGIC = b"kiln kernel object v1\n"
 _OFF = ("0", "false", "no", "off")
-# SHA-256 of what follows; object, bitcode and declarations sizes (the names follow)
-_HEADER = struct.Struct("<32sQQQ")
+_HEADER = struct.Struct("<32sQQ")  # SHA-256 of what follows, object and bitcode sizes
 
 # Parts found, compiled and stored since the process started (tests, bench/compile.py).
 STATS = {"hits": 0, "misses": 0, "refused": 0}
@@ -61,7 +56,7 @@ class KernelCacheWarning(UserWarning):
 
 
 def cache_root() -> Path:
-    """Where part objects live: `$KILN_CACHE_DIR/kernels/v2` (else ~/.cache/kiln/...)."""
+    """Where part objects live: `$KILN_CACHE_DIR/kernels/v1` (else ~/.cache/kiln/...)."""
     base = os.environ.get("KILN_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "kiln")
     return Path(base) / "kernels" / FORMAT
@@ -112,9 +107,9 @@ def _ours(st: os.stat_result) -> bool:
     return stat.S_ISREG(st.st_mode) and owner and not st.st_mode & 0o022
 
 
-def lookup(key: str) -> tuple[bytes, bytes, str, list[str]] | None:
-    """(object, bitcode, declarations, function names) stored under `key`, or None (a
-    refused file is removed)."""
+def lookup(key: str) -> tuple[bytes, bytes, str] | None:
+    """(object, bitcode, declarations) stored under `key`, or None (a refused file is
+    removed)."""
     path = _path(key)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -129,15 +124,12 @@ def lookup(key: str) -> tuple[bytes, bytes, str, list[str]] | None:
         raw = f.read()
     body = raw[len(_MAGIC) + _HEADER.size:]
     if raw.startswith(_MAGIC) and len(raw) >= len(_MAGIC) + _HEADER.size:
-        digest, size, bc_size, decl_size = _HEADER.unpack_from(raw, len(_MAGIC))
-        texts = size + bc_size
-        if hashlib.sha256(body).digest() == digest and texts + decl_size <= len(body):
+        digest, size, bc_size = _HEADER.unpack_from(raw, len(_MAGIC))
+        if hashlib.sha256(body).digest() == digest and size + bc_size <= len(body):
             with contextlib.suppress(UnicodeDecodeError):
-                declarations = body[texts:texts + decl_size].decode("utf-8")
-                names = body[texts + decl_size:].decode("utf-8")
                 STATS["hits"] += 1
-                return (body[:size], body[size:texts], declarations,
-                        names.split("\n") if names else [])
+                return (body[:size], body[size:size + bc_size],
+                        body[size + bc_size:].decode("utf-8"))
     STATS["refused"] += 1
     _warn(f"{path} is damaged (checksum); removed, compiling the kernel again")
     with contextlib.suppress(OSError):
@@ -145,15 +137,11 @@ def lookup(key: str) -> tuple[bytes, bytes, str, list[str]] | None:
     return None
 
 
-def store(key: str, obj: bytes, bitcode: bytes, declarations: str,
-          names: list[str]) -> None:
-    """Keep (object, bitcode, declarations, the part's function names, in placeholder
-    order) under `key`; a filesystem error only warns."""
+def store(key: str, obj: bytes, bitcode: bytes, declarations: str) -> None:
+    """Keep (object, bitcode, declarations) under `key`; a filesystem error only warns."""
     path = _path(key)
-    decl = declarations.encode("utf-8")
-    body = obj + bitcode + decl + "\n".join(names).encode("utf-8")
-    data = _MAGIC + _HEADER.pack(hashlib.sha256(body).digest(), len(obj), len(bitcode),
-                                 len(decl)) + body
+    body = obj + bitcode + declarations.encode("utf-8")
+    data = _MAGIC + _HEADER.pack(hashlib.sha256(body).digest(), len(obj), len(bitcode)) + body
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")

@@ -198,10 +198,10 @@ def _compile_in_parts(lowered: LoweredModule, config: MachineConfig,
     with timed_step("codegen.parts"):
         results = parts.compile_parts(pieces, config)
     if len(results) == 1:
-        return results[0].obj, parts.join_bitcode(results)
+        return results[0][0], results[0][1]
     with timed_step("codegen.join"):
-        return (parts.join_objects([r.obj for r in results], str(parts.linker())),
-                parts.join_bitcode(results))
+        return (parts.join_objects([r[0] for r in results], str(parts.linker())),
+                parts.join_bitcode([r[1] for r in results]))
 
 
 def _bare_metal(config: MachineConfig) -> bool:

@@ -23,10 +23,9 @@ import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from kiln.codegen import kernel_cache
-from kiln.codegen.llvm import part_names
 from kiln.codegen.llvm.split import Part
 from kiln.codegen.llvm.target_machine import (
     MachineConfig,
@@ -58,17 +57,6 @@ def linker() -> str | None:
 
 # (object, bitcode, the declarations of the part's non-internal functions as optimised)
 Compiled = tuple[bytes, bytes, str]
-
-
-class PartCode(NamedTuple):
-    """One part's code: its object and declarations under the part's names; its
-    optimised bitcode under the names it was compiled with, `renames` mapping them
-    to the part's (a kernel found under another model's names; `join_bitcode`)."""
-
-    obj: bytes
-    bitcode: bytes
-    declarations: str
-    renames: dict[str, str]
 _ATTRIBUTE_GROUP = re.compile(r"^attributes #(\d+) = \{ (.*) \}$", re.M)
 
 
@@ -174,44 +162,36 @@ def _compile_all(texts: Sequence[str], config: MachineConfig) -> list[Compiled]:
     return [r for r in results if r is not None]
 
 
-def compile_parts(parts: Sequence[Part], config: MachineConfig) -> list[PartCode]:
-    """The code of each part, from the kernel cache or compiled in parallel; a part
-    calling another's functions after that one (`Part.calls`). The cache's key leaves
-    the functions' names out (kiln.codegen.llvm.part_names): a kernel is found again
-    whatever another model or build numbers it, and renamed."""
+def compile_parts(parts: Sequence[Part], config: MachineConfig) -> list[Compiled]:
+    """(object, bitcode, declarations) of each part, from the kernel cache or compiled in
+    parallel; a part calling another's functions after that one (`Part.calls`)."""
     use_cache = kernel_cache.enabled()
     version = ".".join(map(str, llvm_binding().llvm_version_info))
     machine = {**config.to_json(), "fast_math": config.fast_math,
                "vector_width": config.vector_width}
-    codes: list[PartCode | None] = [None] * len(parts)
+    found: list[Compiled | None] = [None] * len(parts)
     declarations: dict[str, str] = {}
-    while any(c is None for c in codes):
-        ready = [i for i, p in enumerate(parts) if codes[i] is None
+    while any(f is None for f in found):
+        ready = [i for i, p in enumerate(parts) if found[i] is None
                  and all(c in declarations for c in p.calls)]
         if not ready:
             raise CompileError("the module's parts call one another in a cycle")
         texts = {i: parts[i].with_declarations(declarations) for i in ready}
-        keys = {i: kernel_cache.part_key(part_names.keyed_text(parts[i], texts[i]),
-                                         machine, version) for i in ready}
+        keys = {i: kernel_cache.part_key(texts[i], machine, version) for i in ready}
         for i in ready:
-            hit = kernel_cache.lookup(keys[i]) if use_cache else None
-            if hit is not None:
-                obj, bitcode, found, stored = hit
-                renames = part_names.renaming(stored, part_names.names_of(parts[i]))
-                codes[i] = PartCode(part_names.rename_symbols(obj, renames), bitcode,
-                                    part_names.rename_declarations(found, renames), renames)
-        todo = [i for i in ready if codes[i] is None]
+            found[i] = kernel_cache.lookup(keys[i]) if use_cache else None
+        todo = [i for i in ready if found[i] is None]
         for i, r in zip(todo, _compile_all([texts[i] for i in todo], config)):
-            codes[i] = PartCode(*r, {})
+            found[i] = r
             if use_cache:
-                kernel_cache.store(keys[i], *r, part_names.names_of(parts[i]))
+                kernel_cache.store(keys[i], *r)
         for i in ready:
-            code = codes[i]
-            assert code is not None
-            for line in code.declarations.splitlines():
+            done = found[i]
+            assert done is not None
+            for line in done[2].splitlines():
                 name, declaration = line.split("\0", 1)
                 declarations[name] = declaration
-    return [c for c in codes if c is not None]
+    return [f for f in found if f is not None]
 
 
 def join_objects(objects: Sequence[bytes], ld: str) -> bytes:
@@ -231,21 +211,14 @@ def join_objects(objects: Sequence[bytes], ld: str) -> bytes:
         return out.read_bytes()
 
 
-def join_bitcode(codes: Sequence[PartCode]) -> bytes:
-    """The parts' optimised bitcode, under the parts' names, linked into one module."""
-    if len(codes) == 1 and not codes[0].renames:
-        return codes[0].bitcode
+def join_bitcode(bitcodes: Sequence[bytes]) -> bytes:
+    """The parts' optimised bitcode linked into one module."""
     llvm = llvm_binding()
     context = llvm.create_context()
-    modules = []
-    for code in codes:
-        module = llvm.parse_bitcode(code.bitcode, context)
-        part_names.rename_functions(module, code.renames)
-        modules.append(module)
-    for module in modules[1:]:
-        modules[0].link_in(module)
-    return bytes(modules[0].as_bitcode())
+    whole = llvm.parse_bitcode(bitcodes[0], context)
+    for bc in bitcodes[1:]:
+        whole.link_in(llvm.parse_bitcode(bc, context))
+    return bytes(whole.as_bitcode())
 
 
-__all__ = ["PartCode", "compile_part", "compile_parts", "jobs", "join_bitcode", "join_objects",
-           "linker"]
+__all__ = ["compile_part", "compile_parts", "jobs", "join_bitcode", "join_objects", "linker"]
