@@ -100,11 +100,14 @@ def test_constants_artifact_only_with_weights() -> None:
     mod = ib.get()
     pool = ConstantPool.from_module(mod)
     arts = codegen_c(mod, Target("c"), prefix="m_", pool=pool)
-    consts = arts[-1]
+    consts, table = arts[-2:]
     assert (consts.codegen_id, consts.file_name) == ("c", "constants.bin")
-    assert consts.metadata["symbol"] == "m__consts"
+    assert consts.metadata["symbol"] == "m__consts" and consts.metadata["table"] == [[0, 16]]
     assert consts.content[:16] == data.tobytes()
-    assert "(const float*)(m__consts + 0)" in arts[0].content.decode()
+    # The kernel reads the constant's address from its slot; const_table.c fills the slot.
+    assert "(const float*)m__const_table[0]" in arts[0].content.decode()
+    assert (table.codegen_id, table.file_name) == ("c", "const_table.c")
+    assert b"m__consts + 0ULL" in bytes(table.content)
 
 
 def test_target_flags() -> None:

@@ -26,10 +26,12 @@ Split builds skip the compile cache.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from kiln.artifact import ArtifactSet
+from kiln.artifact import Artifact, ArtifactSet
 from kiln.artifact.artifact import device_key, with_target_key
+from kiln.codegen.const_table import TABLE_FILE, table_artifact
 from kiln.codegen.constants import CONSTANTS_FILE, ConstantPool
 from kiln.codegen.cpu_requirements import feature_rows
 from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
@@ -158,6 +160,8 @@ def _codegen(mod: IRModule, groups: dict[str, tuple[Target, list[str]]], host_ke
                 continue
             if a.file_name == CONSTANTS_FILE and key != host_key:
                 continue  # one weights blob, the host's
+            if a.file_name == TABLE_FILE:
+                continue  # one table of the shared pool, made below
             if a.metadata.get("requires_features"):
                 cpu_features += feature_rows(str(a.metadata["triple"]),
                                              [str(f) for f in a.metadata["requires_features"]])
@@ -167,6 +171,10 @@ def _codegen(mod: IRModule, groups: dict[str, tuple[Target, list[str]]], host_ke
     out.append(codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
                             cflags=host_flags,
                             cpu_features=list(dict.fromkeys(cpu_features))))
+    if pool.table:  # some target's kernels read the shared pool through its table
+        out = [replace(a, metadata={**a.metadata, "table": pool.table_entries()})
+               if isinstance(a, Artifact) and a.file_name == CONSTANTS_FILE else a for a in out]
+        out.append(table_artifact(pool.table_entries(), prefix, "host", host_flags))
     try:
         return ArtifactSet(out)
     except ValueError as exc:  # not expected: target keys keep the devices' names apart

@@ -122,9 +122,10 @@ def test_every_family_through_the_registry_matches_numpy(target: str) -> None:
     built = {f.attrs.get("kiln.gemm_kernel") or f.attrs.get("kiln.conv_kernel")
              for f in ex.ir.functions.values() if isinstance(f, PrimFunc)}
     # every float family the rule picks (the int8 ones: tests/quantization; the bf16
-    # GEMMs of `precision=bf16` targets: tests/ops/kernels/test_gemm_bf16.py)
+    # GEMMs of `precision=bf16` targets: tests/ops/kernels/test_gemm_bf16.py; the f16 one
+    # of `precision=f16`: test_gemm_f16.py)
     assert {f.op for f in families() if set(f.sources) & {"matmul", "conv2d"}
-            and f.name not in ("gemm_bf16", "gemm_tiled_bf16")} <= built
+            and f.name not in ("gemm_bf16", "gemm_tiled_bf16", "gemm_f16")} <= built
     got = ex(*FEEDS.values())
     for k, (a, b) in enumerate(zip(got, _reference(FEEDS))):
         # Winograd's sums round differently: within 1e-5 of the output's magnitude

@@ -168,18 +168,7 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool,
     for macro in sorted(ctx.macros):
         out += [_MACROS[macro], ""]
     out += vector_preamble(ctx.vector_types)
-    if ctx.uses_consts and ctx.const_table:
-        out += ["/* Where each weight is read: const_table.c (docs/runtime.md, \"One copy per",
-                "   process\"). */",
-                f"extern KILN_HIDDEN const uint8_t* {const_table_symbol(prefix)}[];", ""]
-    elif ctx.uses_consts:
-        out += ["/* Weights: read-only, 64-byte aligned, linked from constants.bin. */",
-                f"extern KILN_HIDDEN const uint8_t {consts_symbol(prefix)}[];", ""]
-    if ctx.uses_consts and ctx.pool.large and not ctx.const_table:
-        out += ["/* More weights than a 32-bit relocation's offset reaches: kernels read",
-                "   their address at run time (volatile: never folded into a relocation). */",
-                f"static const uint8_t* const volatile {CONSTS_BASE} = "
-                f"{consts_symbol(prefix)};", ""]
+    out += _weights_preamble(ctx)
     declarations = externs.declarations()
     if declarations:
         out += ["/* External functions (call_extern). */", *declarations, ""]
@@ -270,6 +259,25 @@ def _cpu_requirements(target: Any) -> dict[str, Any]:
     check_cpu_names(triple, cpu, [f for f in features.split(",") if f], "c")
     return {"triple": triple, "requires_features": required_features(triple, cpu, features)}
 
+
+
+def _weights_preamble(ctx: ModuleContext) -> list[str]:
+    """The declarations through which the kernels reach the weights."""
+    prefix = ctx.prefix
+    if not ctx.uses_consts:
+        return []
+    if ctx.const_table:
+        return ["/* Where each weight is read: const_table.c (docs/runtime.md, \"One copy per",
+                "   process\"). */",
+                f"extern KILN_HIDDEN const uint8_t* {const_table_symbol(prefix)}[];", ""]
+    out = ["/* Weights: read-only, 64-byte aligned, linked from constants.bin. */",
+           f"extern KILN_HIDDEN const uint8_t {consts_symbol(prefix)}[];", ""]
+    if ctx.pool.large:
+        out += ["/* More weights than a 32-bit relocation's offset reaches: kernels read",
+                "   their address at run time (volatile: never folded into a relocation). */",
+                f"static const uint8_t* const volatile {CONSTS_BASE} = "
+                f"{consts_symbol(prefix)};", ""]
+    return out
 
 def codegen_c(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) -> list[Any]:
     """The `c` target's artifacts: kernels.c, host.c and (with weights) constants.bin.
