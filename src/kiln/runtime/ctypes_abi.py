@@ -85,6 +85,8 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "check_weights": (ctypes.c_int64, [ctypes.c_int64, ctypes.c_int64]),
     "weights_chunks": (ctypes.c_int64, []),
     "rehash_weights": (ctypes.c_int64, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32]),
+    # {prefix}_const_slots(&count): the table of constant addresses (const_table.c).
+    "const_slots": (ctypes.c_void_p, [ctypes.POINTER(ctypes.c_uint32)]),
 }
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kiln.errors import FormatError
+from kiln.runtime import ctypes_abi
 from kiln.runtime.weights import CheckOnce
 
 if TYPE_CHECKING:
@@ -64,17 +65,22 @@ _LOCK = threading.RLock()
 _TABLED: weakref.WeakKeyDictionary[Any, Tabled] = weakref.WeakKeyDictionary()
 
 
-def _table_entries(artifacts: Sequence[Any], symbol: str) -> list[list[int]] | None:
-    for a in artifacts:
-        meta = getattr(a, "metadata", {})
-        if meta.get("symbol") == symbol and "table" in meta:
-            entries = meta["table"]
-            if not isinstance(entries, list) or not all(
-                    isinstance(e, list) and len(e) == 2 and all(
-                        isinstance(v, int) and v >= 0 for v in e) for e in entries):
-                raise FormatError(f"the 'table' metadata of {symbol} is malformed")
-            return entries
-    return None
+def checked_table(entries: Any, size: int, where: str) -> list[list[int]]:
+    """A constants artifact's `table` metadata ([offset, bytes] per slot), each constant
+    within the `size` bytes of its pool; FormatError naming `where` otherwise."""
+    if not isinstance(entries, list) or not all(
+            isinstance(e, list) and len(e) == 2 and all(isinstance(v, int) and v >= 0
+                                                        for v in e) and e[0] + e[1] <= size
+            for e in entries):
+        raise FormatError(f"{where}: the constants' 'table' metadata is malformed or out of "
+                          f"the pool's {size} bytes")
+    return entries
+
+
+def _table_entries(artifacts: Sequence[Any], symbol: str) -> Any:
+    return next((a.metadata["table"] for a in artifacts
+                 if getattr(a, "metadata", {}).get("symbol") == symbol
+                 and "table" in a.metadata), None)
 
 
 def attach_table(lib: LibraryModule, shared: SharedWeights, entry: Mapping[str, Any],
@@ -89,18 +95,17 @@ def attach_table(lib: LibraryModule, shared: SharedWeights, entry: Mapping[str, 
     tensor = shared.header.tensor(name) if isinstance(name, str) else None
     if entries is None or tensor is None:
         return None
+    entries = checked_table(entries, tensor.size, str(lib.path))
     try:
-        slots_fn = getattr(lib.cdll, slots_symbol(lib.prefix))
+        slots_fn = ctypes_abi.bind(lib.cdll, slots_symbol(lib.prefix), "const_slots")
     except AttributeError:
         raise FormatError(f"{lib.path}: its constants metadata lists a table but the library "
                           f"exports no {slots_symbol(lib.prefix)}") from None
-    slots_fn.restype, slots_fn.argtypes = ctypes.c_void_p, [ctypes.POINTER(ctypes.c_uint32)]
     count = ctypes.c_uint32(0)
     address = slots_fn(ctypes.byref(count))
-    if not address or count.value != len(entries) or any(
-            o + n > tensor.size for o, n in entries):
+    if not address or count.value != len(entries):
         raise FormatError(f"{lib.path}: its constant table holds {count.value} slots, its "
-                          f"metadata {len(entries)} within {tensor.size} bytes")
+                          f"metadata {len(entries)}")
     slots = (ctypes.c_void_p * len(entries)).from_address(address)
     home = [int(slots[i] or 0) for i in range(len(entries))]
     me = Tabled(weakref.ref(lib), slots, home, [n for _o, n in entries], shared,
@@ -242,5 +247,6 @@ class BorrowingCheck(CheckOnce):
         self.inner.stop()
 
 
-__all__ = ["BorrowingCheck", "Tabled", "attach_table", "before_swap", "drop_own_pages",
+__all__ = ["BorrowingCheck", "Tabled", "attach_table", "before_swap", "checked_table",
+           "drop_own_pages",
            "slots_symbol", "tabled", "unshare", "unshare_borrowers"]

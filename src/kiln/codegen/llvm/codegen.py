@@ -91,15 +91,14 @@ def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
     tm = config.target_machine()
     data_layout = str(tm.target_data)
     check_buffer_sizes(mod, _pointer_bits(data_layout))
+    isa = isa_of(config.triple, config.cpu, config.features)
     options = LoweringOptions(
         prefix=prefix, triple=config.triple, data_layout=data_layout,
         hidden=not jit, pointer_bits=_pointer_bits(data_layout), fast_math=config.fast_math,
         native_roundeven=config.native_roundeven, sext_int32=config.sext_int32,
         no_slp=config.no_slp,
-        int8_dot=isa_of(config.triple, config.cpu, config.features).int8_dot,
-        bf16_dot=bf16_dot_lanes(isa_of(config.triple, config.cpu, config.features)),
-        amx_bf16=isa_of(config.triple, config.cpu, config.features).has("amx-bf16"),
-        native_f16=isa_of(config.triple, config.cpu, config.features).has("f16c"),
+        int8_dot=isa.int8_dot, bf16_dot=bf16_dot_lanes(isa), amx_bf16=isa.has("amx-bf16"),
+        native_f16=isa.has("f16c"),
         const_table=not config.arch.startswith("wasm"),  # wasm links its own data object
         function_attrs=config.function_attrs(), serial_parallel_for=jit,
         # wasm has no host.c (kiln.export.wasm), the JIT none either

@@ -27,6 +27,7 @@ from kiln.errors import CallError, FormatError, KilnError
 from kiln.runtime import LoadContext, Module, RawKernelFunction
 from kiln.runtime.cpu_features import CPUFeatureError, request_amx_permission, skip_requested
 from kiln.runtime.lifetime import CallGuard
+from kiln.runtime.shared_constants import checked_table
 
 
 def load_llvmjit(artifacts: Sequence[Any], ctx: LoadContext | None = None) -> LLVMJITModule:
@@ -206,11 +207,7 @@ def bind_constants(engine: Any, mod: Any, prefix: str, data: bytes | None,
     table = found.get(const_table_symbol(prefix))
     if table is None:
         return raw
-    if not isinstance(entries, list) or not all(
-            isinstance(e, (list, tuple)) and len(e) == 2 and int(e[0]) >= 0 and
-            int(e[0]) + int(e[1]) <= len(data) for e in entries):
-        raise FormatError(f"llvmjit: the kernels read {const_table_symbol(prefix)} but "
-                          f"{CONSTANTS_FILE}'s 'table' metadata is missing or out of its bounds")
+    entries = checked_table(entries, len(data), f"llvmjit: {CONSTANTS_FILE}")
     # The slots: each constant's address in the private copy (the kernels read it there).
     slots = np.array([buf.ctypes.data + int(e[0]) for e in entries] or [0], dtype=np.uint64)
     engine.add_global_mapping(table, slots.ctypes.data)
