@@ -3,10 +3,12 @@
 A graph function with more than MAX_INLINED_CALL_SITES kernel calls is cut into one
 part per kernel plus the graph function's (kiln.codegen.llvm.split); the parts are
 compiled by forked worker processes and joined into one kernels.o. Checked here:
-every kernel's optimised IR is the whole module's; the library computes what
-onnxruntime computes; a part found in the kernel cache gives the very bytes a fresh
-compile gives; a changed machine (opt-level, features) or codegen misses the cache;
-a damaged cache file is refused and rebuilt, never used.
+every kernel's optimised IR is the whole module's; a part found in the kernel cache
+gives the very bytes a fresh compile gives; another model that numbers the same
+kernels otherwise finds them (kiln.codegen.llvm.part_names), and its library, joined
+from them, computes what onnxruntime computes; a changed machine (opt-level,
+features) or codegen misses the cache; a damaged cache file is refused and rebuilt,
+never used.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ import pytest
 
 import kiln
 from kiln.codegen import kernel_cache
+from kiln.codegen.constants import ConstantPool
 from kiln.codegen.llvm import codegen as llvm_codegen
 from kiln.codegen.llvm import parts, split
 from kiln.codegen.llvm.target_machine import llvm_binding, optimize, parse_and_verify
+from kiln.codegen.naming import DEFAULT_PREFIX
+from kiln.driver.compiler import lower_for_codegen
 from kiln.frontend import from_onnx
 from kiln.runtime import native
 from support.graphs import GraphBuilder
@@ -33,14 +38,15 @@ if not llvm_codegen.compiles_in_parts(llvm_codegen.machine_config(kiln.Target.fr
     pytest.skip("no `ld` here: the module is compiled whole", allow_module_level=True)
 
 LAYERS = 34  # more calls than MAX_INLINED_CALL_SITES: the graph function inlines none
-X = np.random.default_rng(3).standard_normal((2, 16)).astype(np.float32)
+BATCH = 2
 
 
-def model(seed: int = 0) -> onnx.ModelProto:
-    """MatMul+Relu layers alternating widths 16 and 24 (two kernels), then Softmax."""
+def model(seed: int = 0, width: int = 16) -> onnx.ModelProto:
+    """MatMul+Relu layers alternating widths 16 and 24 (two kernels, the first numbered
+    after the input's `width`), then Softmax."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder()
-    h, width = "x", 16
+    h, first = "x", width
     for i in range(LAYERS):
         out = 24 if width == 16 else 16
         w = b.const((rng.standard_normal((width, out)) / 4).astype(np.float32), f"w{i}")
@@ -48,28 +54,20 @@ def model(seed: int = 0) -> onnx.ModelProto:
         b.node("Relu", [f"m{i}"], [f"r{i}"])
         h, width = f"r{i}", out
     b.node("Softmax", [h], ["y"], axis=-1)
-    b.input("x", list(X.shape))
-    b.output("y", [2, width])
+    b.input("x", [BATCH, first])
+    b.output("y", [BATCH, width])
     return b.model(name="layers")
 
 
 @pytest.fixture(scope="module")
 def built() -> dict[str, object]:
-    """`model()` compiled without caches: its executable, its llvmlite module and the
-    machine configuration."""
-    seen: dict[str, object] = {}
-
-    def spy(lowered_module: object, config: object, host: object) -> tuple[bytes, bytes]:
-        seen["lowered"], seen["config"] = lowered_module, config
-        return real(lowered_module, config, host)
-
-    real = llvm_codegen._compile_in_parts
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KILN_CACHE", "0")
-        mp.setenv("KILN_CODEGEN_JOBS", "2")
-        mp.setattr(llvm_codegen, "_compile_in_parts", spy)
-        seen["ex"] = kiln.compile(from_onnx(model()), kiln.Target.from_host())
-    return seen
+    """`model()` lowered to LLVM IR as the llvm codegen lowers it, and the machine
+    configuration (the parts themselves compiled in the kernel cache test below)."""
+    target = kiln.Target.from_host()
+    mod = lower_for_codegen(from_onnx(model()), target)
+    config, _tm, lowered = llvm_codegen._lower(mod, target, prefix=DEFAULT_PREFIX,
+                                              pool=ConstantPool.from_module(mod), jit=False)
+    return {"lowered": lowered, "config": config}
 
 
 def _function_texts(mod: object) -> dict[str, str]:
@@ -112,11 +110,40 @@ def test_every_kernel_is_optimised_as_in_the_whole_module(built: dict) -> None:
         name for name in got if got[name] != want[name])
 
 
-def test_parts_compute_what_onnxruntime_computes(built: dict,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """... and the load compiles no C: host.c's object was compiled during codegen."""
-    ex = built["ex"]
-    assert [a.file_name for a in ex.artifacts if a.file_name.endswith(".o")] == ["kernels.o"]
+def _kernels_o(seed: int) -> bytes:
+    ex = kiln.compile(from_onnx(model(seed)), kiln.Target.from_host())
+    return bytes(ex.artifacts.get("llvm", "kernels.o").content)
+
+
+def test_the_kernel_cache_gives_the_bytes_of_a_fresh_compile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hits give a fresh compile's bytes; a damaged file is refused and rebuilt; another
+    model finds the kernels it shares. Each compile has other weights: a compile-cache
+    miss."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    fresh = _kernels_o(seed=1)
+    files = sorted(p for p in (tmp_path / "kernels").rglob("*") if p.is_file())
+    assert len(files) >= 3
+
+    data = bytearray(files[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte inside the object code
+    files[0].write_bytes(bytes(data))
+    hits, refused = kernel_cache.STATS["hits"], kernel_cache.STATS["refused"]
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="damaged"):
+        assert _kernels_o(seed=2) == fresh  # the other parts found, the damaged rebuilt
+    assert kernel_cache.STATS["hits"] - hits == len(files) - 1
+    assert kernel_cache.STATS["refused"] - refused == 1
+    assert kernel_cache.lookup(files[0].name) is not None  # stored again, whole
+
+    # Another model: its input 24 wide, it numbers the two MatMul kernels the other way
+    # round, and finds both (a key over names would find neither); its Softmax (24
+    # wide) and graph function are its own. It computes what onnxruntime computes, and
+    # its load compiles no C (host.c's object was compiled during codegen). (A changed
+    # machine's key: the test below.)
+    hits = kernel_cache.STATS["hits"]
+    other = kiln.compile(from_onnx(model(seed=4, width=24)), kiln.Target.from_host())
+    assert kernel_cache.STATS["hits"] - hits == 2
+    assert [a.file_name for a in other.artifacts if a.file_name.endswith(".o")] == ["kernels.o"]
     commands: list[str] = []
     run_all = native._run_all
 
@@ -125,41 +152,11 @@ def test_parts_compute_what_onnxruntime_computes(built: dict,
         run_all(jobs)
 
     monkeypatch.setattr(native, "_run_all", spy)
-    got = ex["main"](X)
+    x = np.random.default_rng(4).standard_normal((2, 24)).astype(np.float32)
+    got = other["main"](x)
     assert not [c for c in commands if c.startswith("compiling")], commands
-    (expected,) = onnxruntime_outputs(model(), {"x": X})
+    (expected,) = onnxruntime_outputs(model(seed=4, width=24), {"x": x})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-
-
-def _kernels_o(seed: int, target: kiln.Target | None = None) -> bytes:
-    ex = kiln.compile(from_onnx(model(seed)), target or kiln.Target.from_host())
-    return bytes(ex.artifacts.get("llvm", "kernels.o").content)
-
-
-def test_the_kernel_cache_gives_the_bytes_of_a_fresh_compile(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hits give a fresh compile's bytes; a damaged file is refused and rebuilt; another
-    opt-level misses. Each compile has other weights: a compile-cache miss."""
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
-    fresh = _kernels_o(seed=1)
-    files = sorted(p for p in (tmp_path / "kernels").rglob("*") if p.is_file())
-    assert len(files) >= 3
-    hits = kernel_cache.STATS["hits"]
-    assert _kernels_o(seed=2) == fresh
-    assert kernel_cache.STATS["hits"] - hits == len(files)
-
-    data = bytearray(files[0].read_bytes())
-    data[len(data) // 2] ^= 0xFF  # one flipped byte inside the object code
-    files[0].write_bytes(bytes(data))
-    with pytest.warns(kernel_cache.KernelCacheWarning, match="damaged"):
-        assert _kernels_o(seed=3) == fresh
-    assert kernel_cache.lookup(files[0].name) is not None  # stored again, whole
-
-    spec = kiln.Target.from_host().export()
-    spec["opt-level"] = 2
-    hits = kernel_cache.STATS["hits"]
-    _kernels_o(seed=4, target=kiln.Target(spec))
-    assert kernel_cache.STATS["hits"] == hits
 
     monkeypatch.setenv("KILN_CACHE", "0")  # compiled anew, in this process alone
     monkeypatch.setenv("KILN_CODEGEN_JOBS", "1")

@@ -3,12 +3,14 @@
 A part (kiln.codegen.llvm.split: a kernel with its loop bodies) compiled once is
 not compiled again, in this build or a later one: another model with the same
 kernel, a rebuild after a weight change. Its key is a SHA-256 over everything that
-decides the code: the part's LLVM IR text (the kernel's op, shapes, tile, names and
-the declarations it calls), the machine (triple, CPU, features, opt-level, fast-math,
-vector width, relocation model), the LLVM and llvmlite versions, and the sources of
-kiln's LLVM backend (the optimisation pipeline lives there).
+decides the code: the part's LLVM IR text (the kernel's op, shapes, tile and the
+declarations it calls; for a kernel's part the text with its functions named by
+their place, not by the model: kiln.codegen.llvm.part_names), the machine (triple,
+CPU, features, opt-level, fast-math, vector width, relocation model), the LLVM and
+llvmlite versions, and the sources of kiln's LLVM backend (the optimisation pipeline
+lives there).
 
-Layout: `$KILN_CACHE_DIR/kernels/v1/<aa>/<key>` (else `~/.cache/kiln/kernels/...`,
+Layout: `$KILN_CACHE_DIR/kernels/v2/<aa>/<key>` (else `~/.cache/kiln/kernels/...`,
 next to the compile cache of docs/compile.md), one file per part: a magic line, the
 SHA-256 of the rest and two sizes, then the object, the optimised bitcode and the
 declarations of the part's functions as LLVM optimised them (what a caller's part
@@ -38,8 +40,9 @@ from typing import Any
 
 from kiln import __version__
 
-FORMAT = "v1"
-_MAGIC = b"kiln kernel object v1\n"
+# v2 (2026-11-28): a kernel's part is stored under names made from its key
+FORMAT = "v2"
+_MAGIC = b"kiln kernel object v2\n"
 _OFF = ("0", "false", "no", "off")
 _HEADER = struct.Struct("<32sQQ")  # SHA-256 of what follows, object and bitcode sizes
 
@@ -56,7 +59,7 @@ class KernelCacheWarning(UserWarning):
 
 
 def cache_root() -> Path:
-    """Where part objects live: `$KILN_CACHE_DIR/kernels/v1` (else ~/.cache/kiln/...)."""
+    """Where part objects live: `$KILN_CACHE_DIR/kernels/v2` (else ~/.cache/kiln/...)."""
     base = os.environ.get("KILN_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "kiln")
     return Path(base) / "kernels" / FORMAT

@@ -12,7 +12,7 @@ from kiln.codegen.const_table import table_artifact
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.cpu_requirements import feature_rows
 from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
-from kiln.codegen.llvm import parts
+from kiln.codegen.llvm import part_names, parts
 from kiln.codegen.llvm.bf16_dot import bf16_dot_lanes
 from kiln.codegen.llvm.lower_to_llvm import (
     C_LIBRARY_HEAP,
@@ -194,13 +194,17 @@ def _compile_in_parts(lowered: LoweredModule, config: MachineConfig,
     if len(pieces) > 1:
         with timed_step("codegen.start_host_cc"):
             precompile_c(host)
+    # Several parts: the kernels are named by their content, so that another model
+    # finds them in the kernel cache; the join gives them the model's names.
+    by_content = len(pieces) > 1 and part_names.links_aliases(config.triple)
     with timed_step("codegen.parts"):
-        results = parts.compile_parts(pieces, config)
+        results = parts.compile_parts(pieces, config, by_content=by_content)
     if len(results) == 1:
-        return results[0][0], results[0][1]
+        return results[0].obj, results[0].bitcode
     with timed_step("codegen.join"):
-        return (parts.join_objects([r[0] for r in results], str(parts.linker())),
-                parts.join_bitcode([r[1] for r in results]))
+        aliases = {name: symbol for r in results for name, symbol in r.aliases.items()}
+        return (parts.join_objects([r.obj for r in results], str(parts.linker()), aliases),
+                parts.join_bitcode(results))
 
 
 def _bare_metal(config: MachineConfig) -> bool:

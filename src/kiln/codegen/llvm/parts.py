@@ -8,14 +8,15 @@ costs no start-up: the child has llvmlite loaded and the parts' text in memory. 
 part is parsed, verified, optimised and emitted exactly as the whole module would be
 (kiln.codegen.llvm.target_machine); the objects are joined into one relocatable
 kernels.o by the linker (`ld -r`) and the optimised bitcode of the parts linked into
-one module for kernels.bc.
+one module for kernels.bc. A kernel's part may be keyed and compiled under names made
+from its content (kiln.codegen.llvm.part_names); the join then gives it the model's
+names as aliases.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import re
 import shutil
 import subprocess
 import tempfile
@@ -23,9 +24,10 @@ import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kiln.codegen import kernel_cache
+from kiln.codegen.llvm import part_names
 from kiln.codegen.llvm.split import Part
 from kiln.codegen.llvm.target_machine import (
     MachineConfig,
@@ -57,23 +59,20 @@ def linker() -> str | None:
 
 # (object, bitcode, the declarations of the part's non-internal functions as optimised)
 Compiled = tuple[bytes, bytes, str]
-_ATTRIBUTE_GROUP = re.compile(r"^attributes #(\d+) = \{ (.*) \}$", re.M)
 
 
-def _declarations(mod: Any) -> str:
-    """`declare` lines of `mod`'s non-internal definitions, attributes written inline."""
-    groups = dict(_ATTRIBUTE_GROUP.findall(str(mod)))
-    lines = []
-    for fn in mod.functions:
-        if fn.is_declaration or fn.linkage.name in ("internal", "private"):
-            continue
-        head = next(line for line in str(fn).splitlines() if line.startswith("define"))
-        head = head.removesuffix("{").rstrip()
-        # `#3` names an attribute group: written out, the line stands on its own
-        head = " ".join(groups.get(t[1:], t) if t.startswith("#") else t
-                        for t in head.split(" "))
-        lines.append(f"{fn.name}\0declare" + head.removeprefix("define"))
-    return "\n".join(lines)
+class PartCode(NamedTuple):
+    """One part's code, compiled or from the kernel cache: its object and optimised
+    bitcode, the declarations of its visible functions (under the model's names: what
+    a caller's part is compiled with). A part named by its content
+    (kiln.codegen.llvm.part_names) has `names` (content name -> the model's) and
+    `aliases` (the model's name -> content name, for the join)."""
+
+    obj: bytes
+    bitcode: bytes
+    declarations: str
+    names: dict[str, str]
+    aliases: dict[str, str]
 
 
 def compile_part(text: str, config: MachineConfig, tm: Any) -> Compiled:
@@ -83,7 +82,7 @@ def compile_part(text: str, config: MachineConfig, tm: Any) -> Compiled:
     mod = parse_and_verify(text, context=llvm.create_context())
     optimize(mod, tm, config.opt_level)
     mod.verify()
-    declarations = _declarations(mod)
+    declarations = part_names.declaration_lines(mod)
     try:
         obj = bytes(tm.emit_object(mod))
     except RuntimeError as err:
@@ -162,40 +161,59 @@ def _compile_all(texts: Sequence[str], config: MachineConfig) -> list[Compiled]:
     return [r for r in results if r is not None]
 
 
-def compile_parts(parts: Sequence[Part], config: MachineConfig) -> list[Compiled]:
-    """(object, bitcode, declarations) of each part, from the kernel cache or compiled in
-    parallel; a part calling another's functions after that one (`Part.calls`)."""
+def compile_parts(parts: Sequence[Part], config: MachineConfig,
+                  by_content: bool = False) -> list[PartCode]:
+    """The code of each part, from the kernel cache or compiled in parallel; a part
+    calling another's functions after that one (`Part.calls`). With `by_content`, a
+    part that calls no other part's is keyed and compiled under names made from its
+    code (kiln.codegen.llvm.part_names): another model that has the kernel finds it."""
     use_cache = kernel_cache.enabled()
     version = ".".join(map(str, llvm_binding().llvm_version_info))
     machine = {**config.to_json(), "fast_math": config.fast_math,
                "vector_width": config.vector_width}
-    found: list[Compiled | None] = [None] * len(parts)
+
+    def key_of(text: str) -> str:
+        return kernel_cache.part_key(text, machine, version)
+
+    codes: list[PartCode | None] = [None] * len(parts)
     declarations: dict[str, str] = {}
-    while any(f is None for f in found):
-        ready = [i for i, p in enumerate(parts) if found[i] is None
+    taken: set[str] = set()
+    while any(c is None for c in codes):
+        ready = [i for i, p in enumerate(parts) if codes[i] is None
                  and all(c in declarations for c in p.calls)]
         if not ready:
             raise CompileError("the module's parts call one another in a cycle")
         texts = {i: parts[i].with_declarations(declarations) for i in ready}
-        keys = {i: kernel_cache.part_key(texts[i], machine, version) for i in ready}
-        for i in ready:
-            found[i] = kernel_cache.lookup(keys[i]) if use_cache else None
+        named = {i: part_names.content_named(texts[i], parts[i].functions, key_of, taken)
+                 for i in ready if by_content and not parts[i].calls}
+        keys = {i: named[i].key if i in named else key_of(texts[i]) for i in ready}
+        found: dict[int, Compiled | None] = {
+            i: kernel_cache.lookup(keys[i]) if use_cache else None for i in ready}
         todo = [i for i in ready if found[i] is None]
-        for i, r in zip(todo, _compile_all([texts[i] for i in todo], config)):
+        compiled = _compile_all([named[i].text() if i in named else texts[i] for i in todo],
+                                config)
+        for i, r in zip(todo, compiled):
             found[i] = r
             if use_cache:
                 kernel_cache.store(keys[i], *r)
         for i in ready:
             done = found[i]
             assert done is not None
-            for line in done[2].splitlines():
+            obj, bitcode, declared = done
+            names, aliases = (named[i].names, named[i].aliases) if i in named else ({}, {})
+            if names:
+                declared = part_names.model_declarations(declared, names)
+            codes[i] = PartCode(obj, bitcode, declared, names, aliases)
+            for line in declared.splitlines():
                 name, declaration = line.split("\0", 1)
                 declarations[name] = declaration
-    return [f for f in found if f is not None]
+    return [c for c in codes if c is not None]
 
 
-def join_objects(objects: Sequence[bytes], ld: str) -> bytes:
-    """One relocatable object holding `objects` (`ld -r`)."""
+def join_objects(objects: Sequence[bytes], ld: str,
+                 aliases: dict[str, str] | None = None) -> bytes:
+    """One relocatable object holding `objects` (`ld -r`), with each symbol of
+    `aliases` (name -> the symbol it stands for) defined as an alias."""
     with tempfile.TemporaryDirectory(prefix="kiln-parts-") as tmp:
         paths = []
         for i, obj in enumerate(objects):
@@ -203,7 +221,8 @@ def join_objects(objects: Sequence[bytes], ld: str) -> bytes:
             path.write_bytes(obj)
             paths.append(str(path))
         out = Path(tmp) / "kernels.o"
-        proc = subprocess.run([ld, "-r", "-o", str(out), *paths], capture_output=True,
+        defsyms = [f"--defsym={name}={target}" for name, target in (aliases or {}).items()]
+        proc = subprocess.run([ld, "-r", "-o", str(out), *defsyms, *paths], capture_output=True,
                               text=True, check=False)
         if proc.returncode != 0:
             raise CompileError(f"joining the kernels' objects failed: {ld} -r: "
@@ -211,14 +230,19 @@ def join_objects(objects: Sequence[bytes], ld: str) -> bytes:
         return out.read_bytes()
 
 
-def join_bitcode(bitcodes: Sequence[bytes]) -> bytes:
-    """The parts' optimised bitcode linked into one module."""
+def join_bitcode(codes: Sequence[PartCode]) -> bytes:
+    """The parts' optimised bitcode, under the model's names, linked into one module."""
     llvm = llvm_binding()
     context = llvm.create_context()
-    whole = llvm.parse_bitcode(bitcodes[0], context)
-    for bc in bitcodes[1:]:
-        whole.link_in(llvm.parse_bitcode(bc, context))
-    return bytes(whole.as_bitcode())
+    modules = []
+    for code in codes:
+        module = llvm.parse_bitcode(code.bitcode, context)
+        part_names.rename_functions(module, code.names)
+        modules.append(module)
+    for module in modules[1:]:
+        modules[0].link_in(module)
+    return bytes(modules[0].as_bitcode())
 
 
-__all__ = ["compile_part", "compile_parts", "jobs", "join_bitcode", "join_objects", "linker"]
+__all__ = ["PartCode", "compile_part", "compile_parts", "jobs", "join_bitcode", "join_objects",
+           "linker"]
