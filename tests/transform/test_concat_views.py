@@ -144,13 +144,16 @@ def test_concat_chain_with_a_symbolic_batch() -> None:
 
 
 def _blocked_chain() -> onnx.ModelProto:
-    """A chain of 1x1 convolutions of 16 channels each, blocked NCHW{b}c (whole blocks
-    of 16 on AVX-512, two of 8 on AVX2): `c_{k+1} = concat(c_k, conv(c_k))`."""
+    """A DenseNet block as exported, 1x1 convolutions of 16 channels each, blocked
+    NCHW{b}c (whole blocks of 16 on AVX-512, two of 8 on AVX2): each layer reads
+    `c_k = concat(f_0, ..., f_k)` of every earlier output, `f_{k+1} = conv(c_k)`."""
     gb = GraphBuilder(2)
     x = gb.input("x", [1, 16, 4, 4])
     c, cin = gb.op("Relu", gb.conv(x, 16, 16, 3)), 16
+    features = [c]
     for _ in range(3):
-        c = gb.op("Concat", c, gb.conv(c, cin, 16, 1), axis=1)
+        features.append(gb.conv(c, cin, 16, 1))
+        c = gb.op("Concat", *features, axis=1)
         cin += 16
     gb.node("Conv", [c, gb.weight(8, cin, 1, 1)], ["y"], kernel_shape=[1, 1])
     gb.output("y", typed=False)
@@ -159,8 +162,10 @@ def _blocked_chain() -> onnx.ModelProto:
 
 @pytest.mark.parametrize("kind", ["llvm", "llvm-avx2"])
 def test_blocked_concat_chain_is_one_buffer(kind: str) -> None:
-    """In NCHW{b}c every convolution of the chain writes its blocks into the last
-    concat's buffer: no concat is called, and all six views are of one buffer."""
+    """In NCHW{b}c every convolution of the block writes its blocks into the last
+    concat's buffer, each concat's output the first piece of the next (their first
+    inputs are its inputs): no concat is called, and all six views (f_0, f_1, c_1, f_2,
+    c_2, f_3) are of one buffer."""
     model = _blocked_chain()
     ex = kiln.compile(from_onnx(model), native_target(kind), graph_pipeline="nchwc")
     main = ex.ir["main"]
