@@ -12,7 +12,8 @@ ReLU reading the NCHW input of 3 channels in place (a region's first layer: chan
 paired (0, 1) and (2, zero)), a strided unpadded 1x1 layer (its input subsampled as it is
 converted), a 3x3 layer with a residual Add, a 1x1 layer to 24 channels (a partial
 output block), a strided 3x3 layer with asymmetric pads, over an image of 13x11 (tiles
-past its end) and a symbolic batch. The host must have AVX512-BF16 (the test machine,
+past its end) and a symbolic batch; then an LRN, whose `s ** -0.75` a `precision=bf16`
+target takes by square roots. The host must have AVX512-BF16 (the test machine,
 an AMD EPYC Zen 5, has it); elsewhere the run test skips.
 """
 
@@ -56,8 +57,10 @@ def _model() -> Any:
     y = b.op("Add", y, b.op("Conv", y, b.const(_weight(64, 64, 3, 3)),
                             b.const(_weight(64)), pads=[1, 1, 1, 1]))
     y = b.op("Conv", y, b.const(_weight(24, 64, 1, 1)))
-    y = b.op("Conv", y, b.const(_weight(40, 24, 3, 3)), strides=[2, 2], pads=[0, 1, 1, 0])
-    b.node("Relu", [y], ["out"])
+    y = b.op("Relu", b.op("Conv", y, b.const(_weight(40, 24, 3, 3)), strides=[2, 2],
+                          pads=[0, 1, 1, 0]))
+    # LRN on the NCHW result, its scales well past 1 (kiln.kernels.lrn by square roots)
+    b.node("LRN", [y], ["out"], size=3, alpha=1.5, beta=0.75, bias=1.0)
     b.output("out", ("N", 40, 3, 3))
     return b.model()
 
