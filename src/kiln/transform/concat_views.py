@@ -111,7 +111,8 @@ def concat_views(items: Sequence[object], mod: IRModule,
         if offsets is not None:
             for inputs, offs in (_past_prefix(item.inputs, offsets, joined),
                                  (item.inputs, offsets)):
-                if all(_may_alias(s, producer, views, results) for s in inputs):
+                if len(set(inputs)) == len(inputs) and all(
+                        _may_alias(s, producer, views, results) for s in inputs):
                     views.join(item, inputs, offs)
                     joined[tuple(item.inputs)] = item.outputs[0]
                     break
@@ -146,7 +147,8 @@ def _past_prefix(inputs: Sequence[GraphSlot], offsets: Sequence[int],
                  ) -> tuple[Sequence[GraphSlot], Sequence[int]]:
     """`inputs` with their longest proper prefix that a dropped concat joined replaced by
     that concat's output (at offset 0: its bytes are those inputs' in order), and their
-    `offsets` likewise; as they are when no dropped concat has such inputs."""
+    `offsets` likewise; as they are when no dropped concat has such inputs. (That output
+    may be among the rest too, `concat(x0, f0, concat(x0, f0))`: then it is no view.)"""
     for k in range(len(inputs) - 1, 0, -1):
         whole = joined.get(tuple(inputs[:k]))
         if whole is not None:
