@@ -264,6 +264,11 @@ CASES: dict[str, list[OpCase]] = {
                           # 9 input channels in 3 blocks (the second pair's upper block zero)
                           OpCase((bf16_exact(2, 3, 6, 5, 4), bf16_conv_weight(4, 4, 3, 9, 1, 1)),
                                  {"channels": 3, "c_in": 9, "strides": (2, 2)},
+                                 rtol=1e-5, atol=1e-5),
+                          # an NCHW input of 3 channels (a region's first layer) -> NCHW4c
+                          OpCase((bf16_exact(1, 3, 6, 5), bf16_conv_weight(8, 1, 5, 3, 3, 3),
+                                  f32(5)), {"channels": 5, "c_in": 3, "block": 4,
+                                            "pads": (1, 1, 1, 1), "strides": (2, 2)},
                                  rtol=1e-5, atol=1e-5)],
     "conv2d_nchwc": [OpCase((f32(1, 1, 5, 6, 4), f32(1, 1, 3, 3, 3, 8), f32(5)),
                             {"channels": 5, "pads": (1, 1, 1, 1)}),

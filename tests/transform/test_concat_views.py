@@ -71,11 +71,12 @@ def _chain_model(batch: int | str = 1) -> onnx.ModelProto:
     """A DenseNet-style block written as a chain, `c_{k+1} = concat(c_k, f(c_k))` with
     f = BatchNorm, ReLU, a 3x3 convolution: its last concat is the result `y`. `f_1` is
     a result too (so `c_2` copies), `f_0` is also given to a second concat, and `f_2`
-    twice to one: those two concats copy."""
+    twice to one: those two concats copy; so does `concat(c_0, f_0, c_1)`, whose first
+    inputs are `c_1`'s but which holds `c_1` too."""
     gb = GraphBuilder(1)
     x = gb.input("x", [batch, *CHAIN_X.shape[1:]])
     c = gb.op("Relu", x)
-    cin, fs = CHAIN_X.shape[1], []
+    cin, fs, cs = CHAIN_X.shape[1], [], [c]
     for k in range(4):
         fs.append(gb.conv(gb.op("Relu", gb.bn(c, cin)), cin, GROWTH, 3))
         if k == 1:
@@ -83,12 +84,14 @@ def _chain_model(batch: int | str = 1) -> onnx.ModelProto:
             fs[1] = "f1"
         if k < 3:
             c = gb.op("Concat", c, fs[k], axis=1)
+            cs.append(c)
         cin += GROWTH
     gb.node("Concat", [c, fs[3]], ["y"], axis=1)
     gb.node("Concat", [fs[0], gb.op("Exp", fs[1])], ["other"], axis=1)
     gb.node("Concat", [fs[2], fs[2]], ["twice"], axis=1)
+    gb.node("Concat", [cs[0], fs[0], cs[1]], ["prefix"], axis=1)
     gb.node("Add", [fs[0], fs[2]], ["after"])  # pieces read again after the chain
-    for name in ("y", "f1", "other", "twice", "after"):
+    for name in ("y", "f1", "other", "twice", "after", "prefix"):
         gb.output(name, typed=False)
     return gb.model(check=False)
 
@@ -121,8 +124,9 @@ def test_concat_chain_is_one_buffer(kind: str, chain_model: onnx.ModelProto) -> 
     ex = kiln.compile(from_onnx(chain_model), native_target(kind))
     main = ex.ir["main"]
     assert isinstance(main, t.PrimFunc)
-    # c_2 (f_1 is a result), `other` (f_0 is in c_1 already) and `twice` (f_2 twice)
-    assert len(_concat_calls(ex)) == 3
+    # c_2 (f_1 is a result), `other` (f_0 is in c_1 already), `twice` (f_2 twice) and
+    # `prefix` (c_1 twice, as itself and as the place of c_0, f_0)
+    assert len(_concat_calls(ex)) == 4
     views = [(d.buffer.shape, d.byte_offset) for d in iter_stmts(main.body)
              if isinstance(d, t.DeclBuffer) and d.source.name == "y"]
     plane = 5 * 5 * 4
@@ -139,18 +143,21 @@ def test_concat_chain_with_a_symbolic_batch() -> None:
     the answer is onnxruntime's at batch 2."""
     model = _chain_model("n")
     ex = kiln.compile(from_onnx(model), Target("llvm"))
-    assert len(_concat_calls(ex)) == 6
+    assert len(_concat_calls(ex)) == 7
     _check(ex, model, np.concatenate([CHAIN_X, -CHAIN_X]))
 
 
 def _blocked_chain() -> onnx.ModelProto:
-    """A chain of 1x1 convolutions of 16 channels each, blocked NCHW{b}c (whole blocks
-    of 16 on AVX-512, two of 8 on AVX2): `c_{k+1} = concat(c_k, conv(c_k))`."""
+    """A DenseNet block as exported, 1x1 convolutions of 16 channels each, blocked
+    NCHW{b}c (whole blocks of 16 on AVX-512, two of 8 on AVX2): each layer reads
+    `c_k = concat(f_0, ..., f_k)` of every earlier output, `f_{k+1} = conv(c_k)`."""
     gb = GraphBuilder(2)
     x = gb.input("x", [1, 16, 4, 4])
     c, cin = gb.op("Relu", gb.conv(x, 16, 16, 3)), 16
+    features = [c]
     for _ in range(3):
-        c = gb.op("Concat", c, gb.conv(c, cin, 16, 1), axis=1)
+        features.append(gb.conv(c, cin, 16, 1))
+        c = gb.op("Concat", *features, axis=1)
         cin += 16
     gb.node("Conv", [c, gb.weight(8, cin, 1, 1)], ["y"], kernel_shape=[1, 1])
     gb.output("y", typed=False)
@@ -159,8 +166,10 @@ def _blocked_chain() -> onnx.ModelProto:
 
 @pytest.mark.parametrize("kind", ["llvm", "llvm-avx2"])
 def test_blocked_concat_chain_is_one_buffer(kind: str) -> None:
-    """In NCHW{b}c every convolution of the chain writes its blocks into the last
-    concat's buffer: no concat is called, and all six views are of one buffer."""
+    """In NCHW{b}c every convolution of the block writes its blocks into the last
+    concat's buffer, each concat's output the first piece of the next (their first
+    inputs are its inputs): no concat is called, and all six views (f_0, f_1, c_1, f_2,
+    c_2, f_3) are of one buffer."""
     model = _blocked_chain()
     ex = kiln.compile(from_onnx(model), native_target(kind), graph_pipeline="nchwc")
     main = ex.ir["main"]

@@ -1,6 +1,12 @@
 """LRN's hand-built kernel for static float32 shapes: onnxruntime's running channel sum
 and Eigen's float32 `pow`, step for step as kiln.ops.lrn's reference (its docstring
-says the rule); a kiln.kernels.lowering.Lowering."""
+says the rule); a kiln.kernels.lowering.Lowering.
+
+On a `precision=bf16` target (kiln.target.precision), whose convolutions round their
+inputs to 8 significant bits, the usual `beta` 0.75 takes `s ** -0.75` as
+`1 / (sqrt(s) * sqrt(sqrt(s)))`: three correctly rounded operations and a product, a
+few float32 ulps from Eigen's `pow`, at a fraction of its vector code (GoogLeNet's two
+LRN layers were a quarter of its bfloat16 call)."""
 
 from __future__ import annotations
 
@@ -42,7 +48,6 @@ class LrnLowering:
                     result: te.Tensor | None, name: str, isa: ISA) -> t.PrimFunc | None:
         """The kernel of one `lrn` call (any ISA: the backends split its vectors); None
         for a fused chain or another dtype."""
-        del isa
         (x_t,) = args
         if result is not None or anchor is not None or x_t.dtype != F32:
             return None
@@ -51,10 +56,15 @@ class LrnLowering:
         shape = tuple(x_t.shape)
         x = t.Buffer("x0", shape, F32)
         out = t.Buffer("out", shape, F32)
-        return t.PrimFunc((x, out), _kernel(x, out, attrs))
+        return t.PrimFunc((x, out), _kernel(x, out, attrs, roots=_by_roots(attrs, isa)))
 
 
 LRN = LrnLowering()
+
+
+def _by_roots(attrs: Attrs, isa: ISA) -> bool:
+    """Whether the scale's power is taken by square roots (see the module docstring)."""
+    return isa.precision == "bf16" and lrn_params(attrs)[1] == 0.75
 
 
 class _IRArith:
@@ -118,11 +128,12 @@ class _IRArith:
 LANES = 16
 
 
-def _kernel(x: t.Buffer, out: t.Buffer, attrs: Attrs) -> t.Stmt:
+def _kernel(x: t.Buffer, out: t.Buffer, attrs: Attrs, roots: bool = False) -> t.Stmt:
     """Per chunk of up to LANES elements of the last axis (and per index of the axes
     between C and it): the running-sum scale of every channel into `out`, each channel
-    reading the previous one, then `out = x * scale ** -beta`. Chunks are independent
-    (the parallel loop); the lanes of a chunk are vector code."""
+    reading the previous one, then `out = x * scale ** -beta` (by square roots with
+    `roots`, beta 0.75). Chunks are independent (the parallel loop); the lanes of a
+    chunk are vector code."""
     shape = x.shape  # the batch may be symbolic (LrnLowering), the rest is static
     channels, rest = int(shape[1]), tuple(int(d) for d in shape[2:])
     n = t.Var("n", I64)
@@ -137,7 +148,7 @@ def _kernel(x: t.Buffer, out: t.Buffer, attrs: Attrs) -> t.Stmt:
             v = t.Var("v", I64)  # a fresh variable per loop (the IR binds each once)
             return _loop(v, lanes, body(v), "vectorized")
 
-        return _chunk_body(x, out, at, channels, attrs, vector)
+        return _chunk_body(x, out, at, channels, attrs, vector, roots)
 
     if rest:
         width = rest[-1]
@@ -161,7 +172,8 @@ def _loop(var: t.Var, extent: int, body: t.Stmt, kind: str = "serial", start: in
 
 
 def _chunk_body(x: t.Buffer, out: t.Buffer, at: Any, channels: int, attrs: Attrs,
-                vector: Callable[[Callable[[t.Var], t.Stmt]], t.Stmt]) -> t.Stmt:
+                vector: Callable[[Callable[[t.Var], t.Stmt]], t.Stmt], roots: bool
+                ) -> t.Stmt:
     """One chunk: channel 0's scale, the running sum over channels 1.., the
     normalization; `vector(body)` is the chunk's vector loop around `body(lane)`, and
     `at(c, lane)` the index of channel `c` in it."""
@@ -203,7 +215,12 @@ def _chunk_body(x: t.Buffer, out: t.Buffer, at: Any, channels: int, attrs: Attrs
 
     def normalize(lane: t.Var) -> t.Stmt:
         ar = _IRArith()
-        value = powf(ar, ar.bind(out[at(c2, lane)]), -beta)
+        scale = ar.bind(out[at(c2, lane)])
+        if roots:
+            root = ar.bind(t.intrin("sqrt", scale))
+            value = ar.recip(root * t.intrin("sqrt", root))
+        else:
+            value = powf(ar, scale, -beta)
         return t.seq(*ar.lets, t.Store(out, x[at(c2, lane)] * value, at(c2, lane)))
 
     return t.seq(t.Allocate(prev), vector(first),

@@ -12,7 +12,9 @@ the kernel pairs the input's values from two contiguous runs of `b` (P =
 ceil(ceil(ci / b) / 2), channels past the input's zero). Attributes: `channels` (the
 output channels), `c_in` (the input channels), `tile` = (cb, positions per tile) and
 `conv2d`'s. `x` and the result are NCHW{b}c (kiln.ops.layout), the result's padding
-channels zero.
+channels zero; or, for a region's first layer (fewer input channels than a block: an
+RGB image), `x` is NCHW, read with `b` = 1 (word `p` pairs channels `2p` and `2p + 1`),
+and the attribute `block` (kiln.ops.conv_direct.NCHW_INPUT_BLOCK) is the result's `b`.
 
 The reference rounds the input to bfloat16 as the kernel does (kiln.kernels.conv.bf16)
 and sums in float32; the te compute (the fallback where the kernel is not built) reads
@@ -22,7 +24,7 @@ the rounded weights and the float32 input. Half the bytes of the float32 weights
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +32,7 @@ from kiln.errors import IRError
 from kiln.ir.tensor import Const, PrimExpr, as_expr, min_, reinterpret, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
+from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
 from kiln.ops.conv_geometry import ConvShape, conv_shape
 from kiln.ops.gemm_bf16 import bf16_round
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
@@ -72,20 +75,32 @@ def unpack_conv_bf16(wp: np.ndarray, c_out: int, c_in: int, block: int) -> np.nd
     return full.view(np.float32)[:c_out, :c_in].copy()
 
 
+def conv_blocks(x: Sequence[Any], attrs: Attrs) -> tuple[int, int]:
+    """`(input block, output block)` of a `conv2d_nchwc_bf16` call on an input of shape
+    `x`: an NCHW{b}c input's `b` for both, or 1 and the `NCHW_INPUT_BLOCK` attribute for
+    an NCHW input."""
+    if len(x) == 4 and NCHW_INPUT_BLOCK in attrs:
+        return 1, int(attrs[NCHW_INPUT_BLOCK])
+    return int(x[4]), int(x[4])
+
+
 def bf16_conv_shape(types: Sequence[Any], attrs: Attrs) -> ConvShape:
     """The (NCHW) geometry of a `conv2d_nchwc_bf16` call on `types` (checked)."""
     x = tuple(types[0].shape)
     wp = tuple(int(d) for d in types[1].shape)
     co, ci = int(attrs["channels"]), int(attrs["c_in"])
-    if len(x) != 5 or int(x[1]) != -(-ci // int(x[4])) or types[0].dtype != "float32":
-        raise IRError(f"{CONV_BF16}: input must be float32 NCHW<b>c holding {ci} channels, "
+    nchw = len(x) == 4 and NCHW_INPUT_BLOCK in attrs
+    blocked = len(x) == 5 and NCHW_INPUT_BLOCK not in attrs
+    a, b = conv_blocks(x, attrs) if nchw or blocked else (0, 0)
+    if not a or int(x[1]) != -(-ci // a) or types[0].dtype != "float32":
+        raise IRError(f"{CONV_BF16}: input must be float32 NCHW<b>c (or NCHW with attribute "
+                      f"{NCHW_INPUT_BLOCK}=b) holding {ci} channels, "
                       f"got {types[0].dtype} {x}")
-    b = int(x[4])
-    if (len(wp) != 5 or types[1].dtype != "int32" or wp[1] != pair_blocks(ci, b) * b
+    if (len(wp) != 5 or types[1].dtype != "int32" or wp[1] != pair_blocks(ci, a) * a
             or not (wp[0] - 1) * wp[4] < co <= wp[0] * wp[4] or wp[4] % b
             or int(attrs.get("group", 1)) != 1):
         raise IRError(f"{CONV_BF16}: packed weight must be int32 [co/cb]"
-                      f"[{pair_blocks(ci, b) * b}][kh][kw][cb] (cb a multiple of {b}) "
+                      f"[{pair_blocks(ci, a) * a}][kh][kw][cb] (cb a multiple of {b}) "
                       f"holding {co} output channels, ungrouped; got {types[1].dtype} {wp}")
     tile = recorded_tile(attrs, 2, CONV_BF16)
     if tile is not None and tile[0] != wp[4]:
@@ -94,13 +109,9 @@ def bf16_conv_shape(types: Sequence[Any], attrs: Attrs) -> ConvShape:
     return conv_shape((x[0], ci, x[2], x[3]), co, wp[2:4], attrs)
 
 
-def _block(x: Any) -> int:
-    """The block `b` of an NCHW{b}c tensor (type or te tensor)."""
-    return int(cast(int, x.shape[4]))
-
-
 def _conv_attrs(attrs: Attrs) -> dict[str, Any]:
-    return {k: v for k, v in attrs.items() if k not in ("channels", "c_in", "tile")}
+    return {k: v for k, v in attrs.items()
+            if k not in ("channels", "c_in", "tile", NCHW_INPUT_BLOCK)}
 
 
 def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -110,20 +121,22 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     out = conv_infer([nchw, TensorType((s.c_out, s.c_in, s.kh, s.kw), "float32"),
                       *types[2:]], _conv_attrs(attrs))
     assert isinstance(out, TensorType)
-    return TensorType(layout.block_shape(out.shape, _block(x)), "float32")
+    return TensorType(layout.block_shape(out.shape, conv_blocks(x.shape, attrs)[1]),
+                      "float32")
 
 
 def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     s = bf16_conv_shape(inputs, attrs)
     x, wp = inputs[0], inputs[1]
-    b = int(x.shape[4])
+    a, b = conv_blocks(x.shape, attrs)
     cb = int(wp.shape[4])
-    plain = te.compute((x.shape[0], s.c_in, x.shape[2], x.shape[3]),
-                       lambda n, c, h, w: x[n, c // b, h, w, c % b], "float32", "x_nchw")
+    plain = x if len(x.shape) == 4 else te.compute(
+        (x.shape[0], s.c_in, x.shape[2], x.shape[3]),
+        lambda n, c, h, w: x[n, c // b, h, w, c % b], "float32", "x_nchw")
 
-    def weight(o: PrimExpr, i: PrimExpr, a: PrimExpr, c: PrimExpr) -> PrimExpr:
-        word = wp[o // cb, (i // (2 * b)) * b + i % b, a, c, o % cb]
-        high = i % (2 * b) >= b
+    def weight(o: PrimExpr, i: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
+        word = wp[o // cb, (i // (2 * a)) * a + i % a, kh, kw, o % cb]
+        high = i % (2 * a) >= a
         bits = select(high, word & Const(-0x10000, "int32"), word << Const(16, "int32"))
         return reinterpret(bits, "float32")
 
@@ -142,9 +155,10 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 def _ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
          **attrs: Any) -> np.ndarray:
     co, ci = int(attrs["channels"]), int(attrs["c_in"])
-    plain = bf16_round(layout.from_blocked(x, ci))
-    w = unpack_conv_bf16(wp, co, ci, int(x.shape[4]))
-    return layout.to_blocked(conv_ref(plain, w, b, **_conv_attrs(attrs)), int(x.shape[4]))
+    a, block = conv_blocks(x.shape, attrs)
+    plain = bf16_round(x if x.ndim == 4 else layout.from_blocked(x, ci))
+    w = unpack_conv_bf16(wp, co, ci, a)
+    return layout.to_blocked(conv_ref(plain, w, b, **_conv_attrs(attrs)), block)
 
 
 register_op(CONV_BF16, pattern="anchor", infer=_infer, compute=_compute, reference=_ref)

@@ -15,8 +15,13 @@ Views nest: an input that is itself the output of a dropped concat (a chain
 `concat(concat(x0, f0), f1)`, DenseNet's growing feature map written as a chain) is
 a view too, and its own inputs move with it, each a view of the outermost output at
 the sum of the offsets; the whole chain is one buffer, every kernel writing its part
-in place. An input lives in one place only: one given to two concats, or also a
-result of the function, is a view of at most one of them, and the others copy it.
+in place. So does a concat whose first inputs are all the inputs of a dropped concat,
+in order (DenseNet's feature map as exported, each layer's input `concat(x0, f0, ...,
+f_k)` of every earlier output): those inputs lie in its output exactly as in the
+earlier one's, so the earlier output is its first piece, at offset 0, and each block is
+one buffer, every layer writing its channels once. An input lives in one place only:
+one given to two concats (but as such a shared prefix), or also a result of the
+function, is a view of at most one of them, and the others copy it.
 
 LegalizeOps builds a concat's kernel with the attribute `kiln.concat_axis`
 (kiln.ir.attrs.ATTR_CONCAT_AXIS): that is how lowering knows a call copies its
@@ -52,14 +57,16 @@ class ConcatViews:
     # whole becomes a piece of another concat)
     members: dict[GraphSlot, list[GraphSlot]] = field(default_factory=dict)
 
-    def join(self, step: GraphStep, offsets: Sequence[int]) -> None:
-        """Drop concat `step`: each input a view of its output at its offset, the
-        views of an input that is itself a dropped concat's output moved into this
-        output at the sum of the offsets (every piece viewing the outermost buffer)."""
+    def join(self, step: GraphStep, inputs: Sequence[GraphSlot], offsets: Sequence[int]
+             ) -> None:
+        """Drop concat `step`: each of `inputs` (its inputs, or an earlier concat's output
+        standing for their prefix) a view of its output at its offset, the views of an
+        input that is itself a dropped concat's output moved into this output at the sum
+        of the offsets (every piece viewing the outermost buffer)."""
         whole = step.outputs[0]
         self.dropped.add(id(step))
         into = self.members.setdefault(whole, [])
-        for s, off in zip(step.inputs, offsets):
+        for s, off in zip(inputs, offsets, strict=True):
             for inner in self.members.pop(s, []):
                 self.pieces[inner] = (whole, off + self.pieces[inner][1])
                 into.append(inner)
@@ -96,13 +103,19 @@ def concat_views(items: Sequence[object], mod: IRModule,
 
     views = ConcatViews()
     producer: dict[GraphSlot, GraphStep] = {}
+    joined: dict[tuple[GraphSlot, ...], GraphSlot] = {}  # a dropped concat's inputs -> output
     for item in items:
         if not isinstance(item, GraphStep):
             continue
         offsets = _piece_offsets(item, mod)
-        if offsets is not None and all(
-                _may_alias(s, producer, views, results) for s in item.inputs):
-            views.join(item, offsets)
+        if offsets is not None:
+            for inputs, offs in (_past_prefix(item.inputs, offsets, joined),
+                                 (item.inputs, offsets)):
+                if len(set(inputs)) == len(inputs) and all(
+                        _may_alias(s, producer, views, results) for s in inputs):
+                    views.join(item, inputs, offs)
+                    joined[tuple(item.inputs)] = item.outputs[0]
+                    break
         if not item.binds:
             producer.update((s, item) for s in item.outputs)
     return views
@@ -127,6 +140,20 @@ def _piece_offsets(step: GraphStep, mod: IRModule) -> list[int] | None:
         offsets.append(at)
         at += s.type.numel() * itemsize(s.type.dtype)
     return offsets
+
+
+def _past_prefix(inputs: Sequence[GraphSlot], offsets: Sequence[int],
+                 joined: Mapping[tuple[GraphSlot, ...], GraphSlot]
+                 ) -> tuple[Sequence[GraphSlot], Sequence[int]]:
+    """`inputs` with their longest proper prefix that a dropped concat joined replaced by
+    that concat's output (at offset 0: its bytes are those inputs' in order), and their
+    `offsets` likewise; as they are when no dropped concat has such inputs. (That output
+    may be among the rest too, `concat(x0, f0, concat(x0, f0))`: then it is no view.)"""
+    for k in range(len(inputs) - 1, 0, -1):
+        whole = joined.get(tuple(inputs[:k]))
+        if whole is not None:
+            return (whole, *inputs[k:]), (0, *offsets[k:])
+    return inputs, offsets
 
 
 def _may_alias(s: GraphSlot, producer: Mapping[GraphSlot, GraphStep], views: ConcatViews,

@@ -11,6 +11,8 @@ layout-agnostic ops between such convolutions follow it:
 - 2-D max and average pooling: `pool2d_nchwc` (kiln.ops.pool_nchwc);
 - a Winograd convolution (`conv2d_winograd`) of whole channel blocks:
   `conv2d_winograd_nchwc` (kiln.kernels.conv.winograd_nchwc), counted as a convolution;
+- on a `precision=bf16` AVX-512 target, a row-tiled convolution (`conv2d_rows`, whose
+  vectors run along the output rows) as the blocked kernel's, `conv2d_nchwc_bf16`;
 - a channel concat of blocked tensors whose channel counts are multiples of `b`:
   `concat` along the block axis.
 
@@ -303,7 +305,7 @@ class _Rewriter:
             return None if b.var in self.skip else self._conv(c, b.var)
         if c.op == "conv2d_gemm" and self.gemm:
             return None if b.var in self.skip else self._gemm(c, b.var)
-        if c.op == "conv2d_rows" and self._reads_nchw(c):
+        if c.op == "conv2d_rows" and (self._reads_nchw(c) or self._rows_join_regions()):
             return None if b.var in self.skip else self._rows(c, b.var)
         if c.op == "conv2d_depthwise":
             return None if b.var in self.skip else self._depthwise(c, b.var)
@@ -411,6 +413,14 @@ class _Rewriter:
         return not (isinstance(x, g.Var) and x in self.blocked) and _is_plain_4d(t) \
             and isinstance(t, TensorType) and isinstance(t.shape[1], int) \
             and t.shape[1] < self.block
+
+    def _rows_join_regions(self) -> bool:
+        """Whether every row-tiled convolution (ungrouped) joins the regions, as the
+        bfloat16 NCHW{b}c kernel: on a `precision=bf16` AVX-512 target, where the
+        reorders around a layer left NCHW and the float32 layers beside it cost more
+        than its row tiles save (SqueezeNet's 3x3 expansions of 16 channels split its
+        regions; docs/performance.md, "Reduced precision")."""
+        return self.isa.precision == "bf16" and tile_lanes(self.isa) == 16
 
     def _rows(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_rows`, `[co_block][ci][kh][kw][rows]` weight) as the blocked

@@ -8,11 +8,12 @@ on random data the errors have random signs and a chain of five layers comes out
 for it and catches any wrong pairing, packing or border (errors near 1).
 
 One model, compiled once, holds the kernel's cases: a padded 3x3 layer with bias and
-ReLU on an odd count of input channel blocks (40 channels: three blocks, the last
-pair's upper block zero), a strided unpadded 1x1 layer (its input subsampled as it is
+ReLU reading the NCHW input of 3 channels in place (a region's first layer: channels
+paired (0, 1) and (2, zero)), a strided unpadded 1x1 layer (its input subsampled as it is
 converted), a 3x3 layer with a residual Add, a 1x1 layer to 24 channels (a partial
 output block), a strided 3x3 layer with asymmetric pads, over an image of 13x11 (tiles
-past its end) and a symbolic batch. The host must have AVX512-BF16 (the test machine,
+past its end) and a symbolic batch; then an LRN, whose `s ** -0.75` a `precision=bf16`
+target takes by square roots. The host must have AVX512-BF16 (the test machine,
 an AMD EPYC Zen 5, has it); elsewhere the run test skips.
 """
 
@@ -49,15 +50,17 @@ def _weight(*shape: int) -> np.ndarray:
 
 def _model() -> Any:
     b = GraphBuilder()
-    x = b.input("x", ("N", 40, 13, 11))
-    y = b.op("Relu", b.op("Conv", x, b.const(_weight(48, 40, 3, 3)),
+    x = b.input("x", ("N", 3, 13, 11))
+    y = b.op("Relu", b.op("Conv", x, b.const(_weight(48, 3, 3, 3)),
                           b.const(_weight(48)), pads=[1, 1, 1, 1]))
     y = b.op("Conv", y, b.const(_weight(64, 48, 1, 1)), strides=[2, 2])
     y = b.op("Add", y, b.op("Conv", y, b.const(_weight(64, 64, 3, 3)),
                             b.const(_weight(64)), pads=[1, 1, 1, 1]))
     y = b.op("Conv", y, b.const(_weight(24, 64, 1, 1)))
-    y = b.op("Conv", y, b.const(_weight(40, 24, 3, 3)), strides=[2, 2], pads=[0, 1, 1, 0])
-    b.node("Relu", [y], ["out"])
+    y = b.op("Relu", b.op("Conv", y, b.const(_weight(40, 24, 3, 3)), strides=[2, 2],
+                          pads=[0, 1, 1, 0]))
+    # LRN on the NCHW result, its scales well past 1 (kiln.kernels.lrn by square roots)
+    b.node("LRN", [y], ["out"], size=3, alpha=1.5, beta=0.75, bias=1.0)
     b.output("out", ("N", 40, 3, 3))
     return b.model()
 
@@ -79,7 +82,7 @@ def built() -> tuple[Any, Any]:
 @pytest.mark.parametrize("batch", [1, 3])
 def test_bf16_conv_matches_float32(built: Any, batch: int) -> None:
     ex, model = built
-    x = RNG.standard_normal((batch, 40, 13, 11)).astype(np.float32)
+    x = RNG.standard_normal((batch, 3, 13, 11)).astype(np.float32)
     want = onnxruntime_outputs(model, {"x": x})[0]
     got = np.asarray(ex["main"](x))
     assert got.shape == want.shape
@@ -150,7 +153,7 @@ def _preactivation_model() -> Any:
     """A DenseNet-like block: each 1x1 layer reads BatchNorm + ReLU (per-channel Mul and
     Add, `[C][1][1]` and `[1][C][1][1]` constants) of the concat of earlier outputs."""
     b = GraphBuilder()
-    x = b.input("x", ("N", 16, 9, 9))
+    x = b.input("x", ("N", 16, 4, 54))
     feats = [b.op("Conv", x, b.const(_weight(32, 16, 1, 1)))]
     for i, shape in enumerate([(32, 1, 1), (1, 48, 1, 1)]):
         cat = feats[0] if len(feats) == 1 else b.op("Concat", *feats, axis=1)
@@ -160,9 +163,10 @@ def _preactivation_model() -> Any:
         if i:
             b.node("Conv", [y, b.const(_weight(24, 48, 1, 1))], ["out"])
         else:
-            y = b.op("Relu", b.op("Conv", y, b.const(_weight(32, 32, 1, 1))))
-            feats.append(b.op("Conv", y, b.const(_weight(16, 32, 3, 3)), pads=[1, 1, 1, 1]))
-    b.output("out", ("N", 24, 9, 9))
+            y = b.op("Relu", b.op("Conv", y, b.const(_weight(16, 32, 1, 1))))
+            # 144 taps over rows of 54: a row-tiled layer on float32 (SqueezeNet's)
+            feats.append(b.op("Conv", y, b.const(_weight(16, 16, 3, 3)), pads=[1, 1, 1, 1]))
+    b.output("out", ("N", 24, 4, 54))
     return b.model()
 
 
@@ -175,7 +179,8 @@ def preactivation() -> tuple[Any, Any]:
 def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
     """The per-channel Mul/Add + ReLU between the layers run on NCHW16c as the vector
     channel-scale kernel with the Add fused (the region reorders only its input and its
-    result), every convolution on the bfloat16 kernel; the output matches float32
+    result), every convolution on the bfloat16 kernel (the 3x3 one, row-tiled on
+    float32, too: left NCHW it would split the region); the output matches float32
     onnxruntime at batch 1 and 2 (the batch symbolic: the constant scale is shared)."""
     ex, model = preactivation
     kernels = [f.attrs.get("kiln.conv_kernel") for f in ex.ir.functions.values()
@@ -184,7 +189,7 @@ def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
     assert sum(name.startswith("layout_transform") for name in ex.ir.functions) == 2
     assert sum("channel_scale_nchwc_add_relu" in name for name in ex.ir.functions) == 2
     for batch in (1, 2):
-        x = RNG.standard_normal((batch, 16, 9, 9)).astype(np.float32)
+        x = RNG.standard_normal((batch, 16, 4, 54)).astype(np.float32)
         want = onnxruntime_outputs(model, {"x": x})[0]
         got = np.asarray(ex["main"](x))
         assert got.shape == want.shape

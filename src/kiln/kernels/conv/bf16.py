@@ -9,7 +9,10 @@ contiguous runs of `b` floats, so the conversion is vector code; the zero border
 padded layer is written in the same pass (words of two zeros), and an unpadded strided
 1x1 layer converts only the positions it reads and then runs at stride 1. Each
 input value is thus rounded once per layer rather than once per tile of output channels
-that reads it, and the workspace is half the float32 input's bytes.
+that reads it, and the workspace is half the float32 input's bytes. A region's first
+layer reads an NCHW input of fewer channels than a block (an RGB image) as blocks of one
+channel: its words pair channels (0, 1), (2, 3), ... (an odd last one with zero), each
+row converted as one vector.
 
 A tile is `tile_w` consecutive output positions x `cb` output channels of accumulators
 held at constant rows (registers), as the float32 blocked kernel's
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -66,8 +69,14 @@ from kiln.kernels.tiles import const as _c
 from kiln.kernels.tiles import loop as _loop
 from kiln.kernels.tiles import nest as _nest
 from kiln.ops import layout, te
-from kiln.ops.conv_bf16 import CONV_BF16, bf16_conv_shape, pack_conv_bf16, pair_blocks
-from kiln.ops.conv_direct import unpack_blocked_weight
+from kiln.ops.conv_bf16 import (
+    CONV_BF16,
+    bf16_conv_shape,
+    conv_blocks,
+    pack_conv_bf16,
+    pair_blocks,
+)
+from kiln.ops.conv_direct import NCHW_INPUT_BLOCK, unpack_blocked_weight
 from kiln.ops.conv_geometry import ConvShape, conv_shape
 from kiln.ops.packed_attrs import TILE, recorded_tile
 from kiln.ops.registry import call as make_call
@@ -118,6 +127,7 @@ class _Layer:
     wp: Buffer
     out: Buffer
     epilogue: Epilogue
+    in_block: int
     block: int
     cb: int
     tile_w: int
@@ -145,10 +155,11 @@ def subsampled(shape: ConvShape) -> bool:
 
 def converted_input(x: Buffer, shape: ConvShape, block: int, isa: ISA
                     ) -> tuple[Buffer, ConvShape, list[Stmt]]:
-    """The bfloat16 word workspace of the NCHW{block}c input `x` (see the module
-    docstring), the geometry the sums read it with, and the statements filling it (one
-    parallel loop over images and pairs of channel blocks; per row, the border's zero
-    words and the image's converted words, `block` lanes at a time)."""
+    """The bfloat16 word workspace of the NCHW{block}c input `x` (or of the NCHW `x`,
+    `block` 1; see the module docstring), the geometry the sums read it with, and the
+    statements filling it (one parallel loop over images and pairs of channel blocks;
+    per row, the border's zero words and the image's converted words, `block` lanes at a
+    time, or a row's columns at a time for an NCHW input)."""
     top, left, bottom, right = shape.pads
     sh, sw = shape.stride
     if subsampled(shape):
@@ -164,21 +175,30 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, isa: ISA
     xb = Buffer("xbf16", (shape.n, pairs, rows, cols, block), "int32")
     zero = as_expr(0.0, "float32")
 
+    def read(n: PrimExpr, cblock: PrimExpr, r: PrimExpr, c: PrimExpr, v: PrimExpr
+             ) -> PrimExpr:
+        return x[n, cblock, r, c, v] if x.ndim == 5 else x[n, cblock, r, c]
+
     def fill(n: PrimExpr, p: PrimExpr) -> Stmt:
         hi_block = min_(2 * p + 1, cblocks - 1)
         has_hi = 2 * p + 1 < cblocks
 
         def image(i: PrimExpr, q: PrimExpr, v: PrimExpr) -> PrimExpr:
             r, c = (i - top) * sh, (q - left) * sw
-            lo = x[n, 2 * p, r, c, v]
-            hi = select(has_hi, x[n, hi_block, r, c, v], zero) if cblocks % 2 else \
-                x[n, 2 * p + 1, r, c, v]
+            lo = read(n, 2 * p, r, c, v)
+            hi = select(has_hi, read(n, hi_block, r, c, v), zero) if cblocks % 2 else \
+                read(n, 2 * p + 1, r, c, v)
             return bf16_word(lo, hi)
 
         def rect(r: tuple[int, int], c: tuple[int, int],
                  value: Callable[[PrimExpr, PrimExpr, PrimExpr], PrimExpr]) -> list[Stmt]:
             if r[1] <= r[0] or c[1] <= c[0]:
                 return []
+            if block == 1:  # an NCHW input: the row's columns are the vector
+                return [_loop("i", r[1] - r[0], lambda i: lanes_loop(
+                    "q", c[1] - c[0], lambda q: Store(
+                        xb, value(i, q + c[0], _c(0)), (n, p, i, q + c[0], _c(0)))),
+                    start=r[0])]
             return [_loop("i", r[1] - r[0], lambda i: _loop(
                 "q", c[1] - c[0], lambda q: lanes_loop("v", block, lambda v: Store(
                     xb, value(i, q, v), (n, p, i, q, v))), start=c[0]), start=r[0])]
@@ -206,7 +226,7 @@ def bf16_conv_body(layer: _Layer) -> Stmt:
 
 def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
     """Tile `t` of channel tile `ob` of image `n`: its sums, then its stores."""
-    tile_w, cb, block, shape = layer.tile_w, layer.cb, layer.block, layer.shape
+    tile_w, cb, block, shape = layer.tile_w, layer.cb, layer.in_block, layer.shape
     acc = Buffer("acc", (tile_w, cb), "float32", "local")
     zero = as_expr(0.0, "float32")
     head: list[Stmt] = [Allocate(acc), lanes_loop("v", cb, lambda v: seq(*(
@@ -246,16 +266,19 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
         Store(stage, acc[_c(r), v], (_c(r), v)) for r in range(tile_w))))
     real = [t * tile_w + r < layer.positions if last + r >= layer.positions else None
             for r in range(tile_w)]
+    out_block = layer.block
     stores = blocked_tile_stores(layer.out, stage, layer.epilogue, n, ob, rows, cols, real,
-                                 block, layer.c_out, layer.blocks, -(-layer.c_out // block))
+                                 out_block, layer.c_out, layer.blocks,
+                                 -(-layer.c_out // out_block))
     return seq(*head, sums, Allocate(stage), copy, *stores)
 
 
 @dataclass(frozen=True)
 class NchwcBf16(Family):
-    """An ungrouped `conv2d_blocked` on NCHW{b}c input (the `nchwc-layout` pass's blocked
-    call, before the float32 NCHWc family packs it) -> `conv2d_nchwc_bf16` on a
-    `precision=bf16` target with 16 float32 lanes (AVX-512)."""
+    """An ungrouped `conv2d_blocked` on NCHW{b}c input, or on a region's NCHW input with
+    the output block attribute `block` (the `nchwc-layout` pass's blocked call, before
+    the float32 NCHWc family packs it) -> `conv2d_nchwc_bf16` on a `precision=bf16`
+    target with 16 float32 lanes (AVX-512)."""
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
         x, w = call.args[0].type, call.args[1]
@@ -263,8 +286,10 @@ class NchwcBf16(Family):
                 and call.op == "conv2d_blocked" and call.attrs.get("group", 1) == 1
                 and isinstance(w, g.Constant) and w.data.dtype == np.float32
                 and isinstance(call.attrs.get("channels"), int)
-                and isinstance(x, TensorType) and x.ndim == 5 and x.dtype == "float32"
-                and x.shape[4] == 16 and all(isinstance(d, int) for d in x.shape[1:]))
+                and isinstance(x, TensorType) and x.dtype == "float32"
+                and all(isinstance(d, int) for d in x.shape[1:])
+                and ((x.ndim == 5 and x.shape[4] == 16 and NCHW_INPUT_BLOCK not in call.attrs)
+                     or (x.ndim == 4 and call.attrs.get(NCHW_INPUT_BLOCK) == 16)))
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         x, w = call.args[0].type, call.args[1]
@@ -272,13 +297,13 @@ class NchwcBf16(Family):
         channels = call.attrs["channels"]
         assert isinstance(channels, int)  # `applies` checked it
         oihw = unpack_blocked_weight(np.asarray(w.data), channels)
-        block = int(cast(int, x.shape[4]))
         attrs = {k: v for k, v in call.attrs.items() if k not in (TILE, "ksegment")}
         attrs["c_in"] = int(oihw.shape[1])
         shape = conv_shape((x.shape[0], oihw.shape[1], x.shape[2], x.shape[3]), channels,
                            oihw.shape[2:], attrs)
         tile = bf16_tile(shape, isa)
-        packed = g.Constant(pack_conv_bf16(oihw, tile[0], block), w.name)
+        in_block = conv_blocks(x.shape, attrs)[0]
+        packed = g.Constant(pack_conv_bf16(oihw, tile[0], in_block), w.name)
         return make_call(CONV_BF16, call.args[0], packed, *call.args[2:],
                          **{**attrs, TILE: tile})
 
@@ -288,7 +313,7 @@ class NchwcBf16(Family):
         if not all(isinstance(d, int) for d in (*x.shape[1:], *wp.shape)):
             return None  # only the batch may be symbolic
         shape = bf16_conv_shape(args, attrs)
-        block = int(x.shape[4])
+        in_block, block = conv_blocks(x.shape, attrs)
         cb = int(wp.shape[4])
         tile = recorded_tile(attrs, 2, self.op) or bf16_tile(shape, isa)
         conv_out = layout.block_shape((shape.n, shape.c_out, shape.out_h, shape.out_w), block)
@@ -298,10 +323,10 @@ class NchwcBf16(Family):
         epilogue = store.epilogue
         if len(args) > 2:
             epilogue = blocked_bias(epilogue, store.buffers[args[2]], block)
-        xb, inner, prologue = converted_input(store.buffers[x], shape, block, isa)
+        xb, inner, prologue = converted_input(store.buffers[x], shape, in_block, isa)
         tile_w = min(tile[1], shape.out_h * shape.out_w)
-        layer = _Layer(inner, xb, store.buffers[wp], store.out, epilogue, block, cb, tile_w,
-                       shape.c_out)
+        layer = _Layer(inner, xb, store.buffers[wp], store.out, epilogue, in_block, block,
+                       cb, tile_w, shape.c_out)
         body = seq(*prologue, bf16_conv_body(layer))
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                         {ATTR_CONV_KERNEL: self.op, ATTR_NO_SLP: True})
