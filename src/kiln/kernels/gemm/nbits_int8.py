@@ -9,7 +9,10 @@ them, which keeps one thread below the memory bandwidth. Here the codes stay int
   (`QuantizeARow_CompInt8`): `scale = max|a| / 127`, `q = round_half_even(a / scale)`
   (0 where the block is all zero), packed 4 int8 a word, word `g` of a block holding
   `k = g + i * block / 4` in byte `i`, so the packing reads contiguous vectors of A.
-  Each block's sum of `q` is kept for the zero points.
+  Each block's sum of `q` is kept for the zero points. This runs on one thread before
+  every GEMV's parallel tiles, so each step is a vector operation: the block's peak and
+  its codes' sum are folded by halves, and its codes are computed as one contiguous run
+  before the words gather them.
 - **B**: `pack_nbits_words`' int32 words of 8 codes a column (kiln.ops.quant_nbits); a
   word's low nibbles (one mask) are the 4 codes that pair with A's word `j`, its high
   nibbles (a shift and the mask) those of word `j + block / 8`.
@@ -122,12 +125,11 @@ def quantize_a(nest: NbitsNest, aw: Buffer, ascale: Buffer, aqsum: Buffer,
     block, quarter = nest.block, nest.block // 4
     lead = lead if lead is not None else (const(0),) * (nest.a.ndim - 1)
     first = first if first is not None else const(0)
-    blk, i, g = (Var(v, INDEX_DTYPE) for v in ("blk", "i", "g"))
+    blk, g = (Var(v, INDEX_DTYPE) for v in ("blk", "g"))
     amax, scale, inv = (Var(v, "float32") for v in ("amax", "scale", "inv"))
-    peak = Buffer("a_peak", (1,), "float32", "local")
     lane_peak = Buffer("a_lane_peak", (quarter,), "float32", "local")
     qpart = Buffer("a_qpart", (quarter,), "int32", "local")
-    qtot = Buffer("a_qtotal", (1,), "int32", "local")
+    qbuf = Buffer("a_codes", (block,), "int32", "local")
 
     def a_at(kk: PrimExpr) -> PrimExpr:
         if nest.k % block == 0:
@@ -145,28 +147,43 @@ def quantize_a(nest: NbitsNest, aw: Buffer, ascale: Buffer, aqsum: Buffer,
     mags = [Intrin("abs", (a_at(base + g + b * quarter),)) for b in range(4)]
     lanes = For(g, const(0), const(quarter), "vectorized", Store(
         lane_peak, max_(max_(mags[0], mags[1]), max_(mags[2], mags[3])), (g,)))
-    find_peak = seq(lanes, Store(peak, _f32(0.0), (const(0),)), For(
-        i, const(0), const(quarter), "serial",
-        Store(peak, max_(peak[const(0)], lane_peak[i]), (const(0),))))
-    qs = [Var(f"q{b}", "int32") for b in range(4)]
+    find_peak = seq(lanes, _fold_lanes(lane_peak, quarter, max_))
+    # the block's codes first, one contiguous vector operation each, then the words
+    # from contiguous runs of them: computed inside the word, LLVM packed each word's
+    # 4 codes into one vector and gathered their values of A (docs/performance.md)
+    e = Var("e", INDEX_DTYPE)
+    codes = For(e, const(0), const(block), "vectorized", Store(qbuf, q(base + e), (e,)))
+    qs = [qbuf[g + b * quarter] for b in range(4)]
     byte = Const(255, "int32")
     word: PrimExpr = qs[3] << Const(24, "int32")
     for b in range(3):
         word = word | ((qs[b] & byte) << Const(8 * b, "int32"))
-    pack = For(g, const(0), const(quarter), "vectorized", seq(
-        *(LetStmt(qs[b], q(base + g + b * quarter)) for b in range(4)),
+    pack = seq(codes, For(g, const(0), const(quarter), "vectorized", seq(
         Store(aw, word, ((first + blk) * quarter + g,)),
-        Store(qpart, qs[0] + qs[1] + qs[2] + qs[3], (g,))))
-    total = seq(Store(qtot, Const(0, "int32"), (const(0),)), For(
-        g, const(0), const(quarter), "serial",
-        Store(qtot, qtot[const(0)] + qpart[g], (const(0),))))
+        Store(qpart, qs[0] + qs[1] + qs[2] + qs[3], (g,)))))
+    total = _fold_lanes(qpart, quarter, lambda x, y: x + y)
     body = seq(
-        find_peak, LetStmt(amax, peak[const(0)]), LetStmt(scale, amax / _f32(Q_MAX)),
+        find_peak, LetStmt(amax, lane_peak[const(0)]), LetStmt(scale, amax / _f32(Q_MAX)),
         LetStmt(inv, select(compare("ne", scale, _f32(0.0)), _f32(1.0) / scale, _f32(0.0))),
         pack, total, Store(ascale, scale, (first + blk,)),
-        Store(aqsum, Cast("float32", qtot[const(0)]) * scale, (first + blk,)))
-    return seq(Allocate(peak), Allocate(lane_peak), Allocate(qpart), Allocate(qtot),
+        Store(aqsum, Cast("float32", qpart[const(0)]) * scale, (first + blk,)))
+    return seq(Allocate(lane_peak), Allocate(qpart), Allocate(qbuf),
                For(blk, const(0), const(nest.blocks), "serial", body))
+
+
+def _fold_lanes(buf: Buffer, width: int,
+                combine: Callable[[PrimExpr, PrimExpr], PrimExpr]) -> Stmt:
+    """`buf[0] = combine(buf[0], ..., buf[width - 1])` by halves (each half a vector
+    operation; `width` a power of two, as a block's quarter is): a serial scan chains
+    `width` dependent operations on the quantization's path before every GEMV."""
+    g = Var("h", INDEX_DTYPE)
+    steps: list[Stmt] = []
+    half = width // 2
+    while half >= 1:
+        steps.append(For(g, const(0), const(half), "vectorized" if half > 1 else "serial",
+                         Store(buf, combine(buf[g], buf[g + half]), (g,))))
+        half //= 2
+    return seq(*steps)
 
 
 def _block(nest: NbitsNest, panels: list[Var], blk: PrimExpr, aw: Buffer,
