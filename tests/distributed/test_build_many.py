@@ -244,7 +244,7 @@ def test_two_node_ray_cluster(matrix: Path, tmp_path: Path) -> None:
         db = tmp_path / "conv.tuning.json"
         proc = subprocess.run([sys.executable, "-m", "kiln", "tune",
                                str(matrix.parent / "models" / "conv.onnx"), "--shape", "n=1",
-                               "--budget", "12s", "-o", str(db), "--address", head,
+                               "--budget", "8s", "-o", str(db), "--address", head,
                                "--threads", "1"],
                               env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
