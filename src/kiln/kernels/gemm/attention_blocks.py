@@ -90,7 +90,7 @@ def block_rows(m: int, n: int, mr: int, l2_bytes: int) -> int:
 
 Tile = tuple[PrimExpr, ...]
 #: A row tile's operand A: (row within the tile, k) -> value.
-ARows = Callable[[int, PrimExpr], PrimExpr]
+ARows = Callable[[PrimExpr, PrimExpr], PrimExpr]
 #: A row tile's store: (row within the tile, column, value) -> statement.
 TileStore = Callable[[int, PrimExpr, PrimExpr], Stmt]
 
@@ -189,7 +189,7 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
         scores = Buffer("scores", (rows, n), F32)
 
         def scores_tile(t: Var) -> Stmt:
-            def a_at(r: int, kk: PrimExpr) -> PrimExpr:  # rows past m repeat the last one
+            def a_at(r: PrimExpr, kk: PrimExpr) -> PrimExpr:  # rows past m repeat the last one
                 return ops.q[(*bidx, min_(first + t * mr + r, m - 1), kk)]
 
             def store(r: int, col: PrimExpr, x: PrimExpr) -> Stmt:
@@ -218,7 +218,7 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
                 return IfThenElse(compare("lt", row, const(m)),
                                   Store(ops.out, x, (*bidx, row, col)))
 
-            def probs(r: int, kk: PrimExpr) -> PrimExpr:
+            def probs(r: PrimExpr, kk: PrimExpr) -> PrimExpr:
                 p = scores[t * mr + r, kk]
                 return p * inv[t * mr + r] if bf16 else p
 
@@ -238,7 +238,7 @@ def _f32_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int,
 
     def panel(p: Var) -> Stmt:
         acc, stmts = register_tile(
-            mr, nr, product.k, [partial(a_at, r) for r in range(mr)],
+            mr, nr, product.k, [partial(a_at, const(r)) for r in range(mr)],
             lambda kk, lane: product.b_at(bidx, p, kk, lane), F32, isa.fma)
         return seq(*stmts, *(_stores(_row_store(store, r, p, nr, acc), nr, product.columns, p)
                              for r in range(mr)))
@@ -255,23 +255,25 @@ def _bf16_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int
     abuf = Buffer("a_bf16", (mr, words), "int32", "local")
     zero = as_expr(0.0, F32)
 
-    def a_padded(r: int, kk: PrimExpr) -> PrimExpr:
+    def a_padded(r: PrimExpr, kk: PrimExpr) -> PrimExpr:
         return select(compare("lt", kk, const(product.k)), a_at(r, min_(kk, product.k - 1)),
                       zero)
 
-    def pairs(blk: PrimExpr, a: Callable[[int, PrimExpr], PrimExpr]) -> Stmt:
-        def pair(r: int, j: PrimExpr) -> Stmt:
+    def pairs(r: PrimExpr, blk: PrimExpr, a: ARows) -> Stmt:
+        def pair(j: PrimExpr) -> Stmt:
             k0 = blk * PAIR_BLOCK + j
             return Store(abuf, bf16_word(a(r, k0), a(r, k0 + PAIR_STRIDE)),
-                         (const(r), blk * PAIR_STRIDE + j))
+                         (r, blk * PAIR_STRIDE + j))
 
-        return seq(*(lanes_loop("j", PAIR_STRIDE, partial(pair, r)) for r in range(mr)))
+        return lanes_loop("j", PAIR_STRIDE, pair)
 
     # whole blocks read A as it is (contiguous vector loads); only a last block that
-    # `k` ends inside is padded, whose clamped reads would be gathers
+    # `k` ends inside is padded, whose clamped reads would be gathers. One loop over
+    # the rows: the conversion is in the IR once, not once per row.
     whole = product.k // PAIR_BLOCK
-    convert = seq(_loop("q", whole, lambda blk: pairs(blk, a_at)),
-                  *([pairs(const(whole), a_padded)] if product.k % PAIR_BLOCK else []))
+    convert = _loop("cr", mr, lambda r: seq(
+        _loop("q", whole, lambda blk: pairs(r, blk, a_at)),
+        *([pairs(r, const(whole), a_padded)] if product.k % PAIR_BLOCK else [])))
 
     def panel(p: Var) -> Stmt:
         acc = Buffer("acc", (mr, nr), F32, "local")
