@@ -6,8 +6,10 @@ One model of two independent attentions whose scores exceed the L2 cache: the ke
 transposed by the exporter (`transpose_b`) with a scale, 2 heads of 370 query rows
 against 371 keys (a partial last block and a partial last key panel), 40-wide heads
 and 24-wide values (a value panel wider than the values); and keys stored `[d, n]`
-without a scale. The same on `host -precision=bf16` (bfloat16 products, float32 sums)
-within bfloat16's error. A decode step's one query row stays on the three kernels.
+with the scores divided by 4 (a power of two: the kernel multiplies by 1/4). The same
+on `host -precision=bf16` (bfloat16 products, float32 sums) within bfloat16's error.
+Without a scale the pass applies too; a divisor other than a power of two, and a decode
+step's one query row, keep the three kernels.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from support.targets import native_target
 
 pytest.importorskip("onnxruntime")
 
-# (heads, query rows, keys, head width, value width, the keys transposed, scale)
-CASES = [(2, 370, 371, 40, 24, True, 0.125), (1, 600, 512, 16, 32, False, None)]
+# (heads, query rows, keys, head width, value width, the keys transposed,
+#  the scores' scale: (ONNX op, its constant) or None)
+Scale = tuple[str, float] | None
+CASES = [(2, 370, 371, 40, 24, True, ("Mul", 0.125)), (1, 600, 512, 16, 32, False, ("Div", 4.0))]
 
 
 def _branch(k: int, heads: int, m: int, n: int, d: int, dv: int, transposed: bool,
-            scale: float | None) -> tuple[list, list, list]:
+            scale: Scale) -> tuple[list, list, list]:
     q, key, v, y = (f"{x}{k}" for x in ("q", "k", "v", "y"))
     key_shape = [1, heads, n, d] if transposed else [1, heads, d, n]
     nodes = [helper.make_node("Transpose", [key], [f"kt{k}"], perm=[0, 1, 3, 2])
@@ -43,8 +47,8 @@ def _branch(k: int, heads: int, m: int, n: int, d: int, dv: int, transposed: boo
     nodes.append(helper.make_node("MatMul", [q, f"kt{k}" if transposed else key], [f"s{k}"]))
     scores, inits = f"s{k}", []
     if scale is not None:
-        inits.append(numpy_helper.from_array(np.array(scale, np.float32), f"c{k}"))
-        nodes.append(helper.make_node("Mul", [scores, f"c{k}"], [f"x{k}"]))
+        inits.append(numpy_helper.from_array(np.array(scale[1], np.float32), f"c{k}"))
+        nodes.append(helper.make_node(scale[0], [scores, f"c{k}"], [f"x{k}"]))
         scores = f"x{k}"
     nodes += [helper.make_node("Softmax", [scores], [f"p{k}"], axis=-1),
               helper.make_node("MatMul", [f"p{k}", v], [y])]
@@ -108,12 +112,22 @@ def test_scores_past_the_l2_cache_take_the_blocked_kernel(target: str, op: str) 
     assert "softmax" not in ops and not any(o.startswith("matmul_tiled") for o in ops)
 
 
-def test_a_decode_step_keeps_the_three_kernels() -> None:
-    nodes, inputs, inits = _branch(0, 8, 1, 1500, 64, 64, True, 0.125)
+def _one_attention(m: int, scale: Scale) -> onnx.ModelProto:
+    nodes, inputs, inits = _branch(0, 8, m, 1500, 64, 64, True, scale)
     b = GraphBuilder()
     b.add(*nodes)
     b.consts(inits)
-    model = b.model(inputs, [helper.make_tensor_value_info("y0", TensorProto.FLOAT,
-                                                           [1, 8, 1, 64])], name="decode")
-    ops = _graph_ops(model, "llvm -mcpu=znver4")
+    return b.model(inputs, [helper.make_tensor_value_info("y0", TensorProto.FLOAT,
+                                                          [1, 8, m, 64])], name="attention")
+
+
+def test_a_decode_step_keeps_the_three_kernels() -> None:
+    ops = _graph_ops(_one_attention(1, ("Mul", 0.125)), "llvm -mcpu=znver4")
     assert "attention_tiled" not in ops and ops.count("matmul_tiled") == 2
+
+
+@pytest.mark.parametrize(("scale", "blocked"), [(None, True), (("Div", 8.0), True),
+                                                (("Div", 6.0), False)])
+def test_scales_the_kernel_takes(scale: Scale, blocked: bool) -> None:
+    ops = _graph_ops(_one_attention(1500, scale), "llvm -mcpu=znver4")
+    assert (ops == ["attention_tiled"]) == blocked

@@ -3,7 +3,8 @@ rows, where the scores would not stay in cache.
 
 After `block-matmuls`, a float32 attention is the chain
 
-    s = matmul_tiled(q, k[, transpose_b]); x = multiply(s, c)   (c a scalar, optional)
+    s = matmul_tiled(q, k[, transpose_b]); x = multiply(s, c)   (c a scalar, optional;
+                                                                 or divide by a power of 2)
     p = softmax(x, axis=-1); out = matmul_tiled(p, v)
 
 (both products `matmul_tiled_bf16` on `precision=bf16` targets), whose kernels write
@@ -82,15 +83,25 @@ def _read_once(x: g.Expr, defs: Defs, uses: Any, op: str) -> g.Call | None:
 
 def _scale(x: g.Expr, defs: Defs, uses: Any) -> tuple[g.Expr, float, list[g.Var]] | None:
     """(the product under `x`, its scalar factor, the vars read through) when `x` is
-    `multiply(s, c)` with `c` a float32 scalar constant, or `x` itself (factor 1)."""
-    value = _read_once(x, defs, uses, "multiply")
-    if value is None:
+    `multiply(s, c)` with `c` a float32 scalar constant, or `divide(s, c)` with `c` a
+    power of two (dividing by it is multiplying by `1 / c`, both exact to the same
+    rounding), or `x` itself (factor 1)."""
+    for op in ("multiply", "divide"):
+        value = _read_once(x, defs, uses, op)
+        if value is not None:
+            break
+    else:
         return x, 1.0, []
     s, c = value.args
     if not (isinstance(c, g.Constant) and c.data.size == 1 and c.data.dtype == np.float32):
         return None
+    factor = float(c.data.reshape(()))
+    if op == "divide":
+        if abs(math.frexp(factor)[0]) != 0.5 or not 2.0 ** -126 <= abs(factor) <= 2.0 ** 126:
+            return None  # 1 / c would round, or leave float32's normal range
+        factor = 1.0 / factor
     assert isinstance(x, g.Var)
-    return s, float(c.data.reshape(())), [x]
+    return s, factor, [x]
 
 
 def _attention(value: Any, defs: Defs, uses: Any, isa: ISA

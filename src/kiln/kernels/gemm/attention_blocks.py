@@ -16,7 +16,9 @@ With `precision=bf16` (`attention_tiled_bf16`) both products take bfloat16 opera
 with float32 sums, as `matmul_tiled_bf16`'s kernel (kiln.kernels.gemm.bf16_tiled):
 the keys and values converted once per call into bfloat16 panels of words, each row
 tile's query rows and score rows into words on the stack before its panels, one
-`dot2_bf16` (`vdpbf16ps`) per 16 lanes and word; the softmax stays float32.
+`dot2_bf16` (`vdpbf16ps`) per 16 lanes and word; the softmax stays float32. Its rows
+keep `exp(x - max)` and their `1 / sum`, which the score rows' conversion to words
+multiplies in (the product softmax_row would store): one pass less over the scores.
 
 A block's workspace is sized to stay in the L2 cache (`ISA.l2_bytes`) with the keys and
 values of its head, so the scores are written and read back in cache: the unfused
@@ -62,7 +64,7 @@ from kiln.kernels.gemm.lowering import GemmLowering
 from kiln.kernels.gemm.micro_kernel import register_tile, unflatten
 from kiln.kernels.gemm.run_time_pack import pack_b_at_run_time
 from kiln.kernels.rows.loops import RowLoops
-from kiln.kernels.rows.softmax import softmax_row
+from kiln.kernels.rows.softmax import softmax_exp_row, softmax_row
 from kiln.kernels.tiles import const, lanes_loop, parallel_tiles, tile_lanes
 from kiln.ops import te
 from kiln.ops.attention_blocks import ATTENTION, ATTENTION_BF16, attention_dims
@@ -88,7 +90,7 @@ def block_rows(m: int, n: int, mr: int, l2_bytes: int) -> int:
 
 Tile = tuple[PrimExpr, ...]
 #: A row tile's operand A: (row within the tile, k) -> value.
-ARows = Callable[[int, PrimExpr], PrimExpr]
+ARows = Callable[[PrimExpr, PrimExpr], PrimExpr]
 #: A row tile's store: (row within the tile, column, value) -> statement.
 TileStore = Callable[[int, PrimExpr, PrimExpr], Stmt]
 
@@ -187,7 +189,7 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
         scores = Buffer("scores", (rows, n), F32)
 
         def scores_tile(t: Var) -> Stmt:
-            def a_at(r: int, kk: PrimExpr) -> PrimExpr:  # rows past m repeat the last one
+            def a_at(r: PrimExpr, kk: PrimExpr) -> PrimExpr:  # rows past m repeat the last one
                 return ops.q[(*bidx, min_(first + t * mr + r, m - 1), kk)]
 
             def store(r: int, col: PrimExpr, x: PrimExpr) -> Stmt:
@@ -195,8 +197,19 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
 
             return row_tile(qk, (h, bidx), mr, nr, a_at, store, isa)
 
+        # bf16: the rows keep exp(x - max) and their 1 / sum, which the conversion of
+        # P @ V's rows to words multiplies in (the same float32 product softmax_row
+        # stores), saving a pass over the block's scores
+        inv = Buffer("row_inv", (rows,), F32)
+
         def softmax(r: Var) -> Stmt:
-            return softmax_row(loops, lambda j: scores[r, j], lambda j: (scores, (r, j)),
+            def at(j: PrimExpr) -> tuple[Buffer, tuple[PrimExpr, ...]]:
+                return scores, (r, j)
+
+            if bf16:
+                return softmax_exp_row(loops, lambda j: scores[r, j], at,
+                                       lambda x: Store(inv, x, (r,)), isa=isa)
+            return softmax_row(loops, lambda j: scores[r, j], at,
                                lambda j, x: Store(scores, x, (r, j)), False, isa=isa)
 
         def out_tile(t: Var) -> Stmt:
@@ -205,11 +218,15 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
                 return IfThenElse(compare("lt", row, const(m)),
                                   Store(ops.out, x, (*bidx, row, col)))
 
-            return row_tile(pv, (h, bidx), mr, nr, lambda r, kk: scores[t * mr + r, kk],
-                            store, isa)
+            def probs(r: PrimExpr, kk: PrimExpr) -> PrimExpr:
+                p = scores[t * mr + r, kk]
+                return p * inv[t * mr + r] if bf16 else p
 
-        return seq(*lets, Allocate(scores), _loop("t", rows // mr, scores_tile),
-                   _loop("r", rows, softmax), _loop("t", rows // mr, out_tile))
+            return row_tile(pv, (h, bidx), mr, nr, probs, store, isa)
+
+        return seq(*lets, Allocate(scores), *([Allocate(inv)] if bf16 else []),
+                   _loop("t", rows // mr, scores_tile), _loop("r", rows, softmax),
+                   _loop("t", rows // mr, out_tile))
 
     return seq(*packing, parallel_tiles((heads, blocks), block))
 
@@ -221,7 +238,7 @@ def _f32_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int,
 
     def panel(p: Var) -> Stmt:
         acc, stmts = register_tile(
-            mr, nr, product.k, [partial(a_at, r) for r in range(mr)],
+            mr, nr, product.k, [partial(a_at, const(r)) for r in range(mr)],
             lambda kk, lane: product.b_at(bidx, p, kk, lane), F32, isa.fma)
         return seq(*stmts, *(_stores(_row_store(store, r, p, nr, acc), nr, product.columns, p)
                              for r in range(mr)))
@@ -238,21 +255,25 @@ def _bf16_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int
     abuf = Buffer("a_bf16", (mr, words), "int32", "local")
     zero = as_expr(0.0, F32)
 
-    def a_padded(r: int, kk: PrimExpr) -> PrimExpr:
-        if product.k % PAIR_BLOCK == 0:
-            return a_at(r, kk)
+    def a_padded(r: PrimExpr, kk: PrimExpr) -> PrimExpr:
         return select(compare("lt", kk, const(product.k)), a_at(r, min_(kk, product.k - 1)),
                       zero)
 
-    blk = Var("q", INDEX_DTYPE)
+    def pairs(r: PrimExpr, blk: PrimExpr, a: ARows) -> Stmt:
+        def pair(j: PrimExpr) -> Stmt:
+            k0 = blk * PAIR_BLOCK + j
+            return Store(abuf, bf16_word(a(r, k0), a(r, k0 + PAIR_STRIDE)),
+                         (r, blk * PAIR_STRIDE + j))
 
-    def pair(r: int, j: PrimExpr) -> Stmt:
-        k0 = blk * PAIR_BLOCK + j
-        return Store(abuf, bf16_word(a_padded(r, k0), a_padded(r, k0 + PAIR_STRIDE)),
-                     (const(r), blk * PAIR_STRIDE + j))
+        return lanes_loop("j", PAIR_STRIDE, pair)
 
-    convert = For(blk, const(0), const(words // PAIR_STRIDE), "serial", seq(*(
-        lanes_loop("j", PAIR_STRIDE, partial(pair, r)) for r in range(mr))))
+    # whole blocks read A as it is (contiguous vector loads); only a last block that
+    # `k` ends inside is padded, whose clamped reads would be gathers. One loop over
+    # the rows: the conversion is in the IR once, not once per row.
+    whole = product.k // PAIR_BLOCK
+    convert = _loop("cr", mr, lambda r: seq(
+        _loop("q", whole, lambda blk: pairs(r, blk, a_at)),
+        *([pairs(r, const(whole), a_padded)] if product.k % PAIR_BLOCK else [])))
 
     def panel(p: Var) -> Stmt:
         acc = Buffer("acc", (mr, nr), F32, "local")

@@ -4,9 +4,11 @@ weights packed at compile time, float32 sums, for targets with `precision=bf16`
 
 A parallel tile is one row tile of `mr` rows of A by a group of B's panels (as many
 as fill half of L2, `PANEL_GROUP_L2_SHARE`, so that a thread's consecutive tiles reuse
-them from L2). It first converts its rows of A to bfloat16 words on the stack (two
-contiguous runs of each row paired lane by lane, the pairing `pack_b_bf16` gave B; K
-zero-padded to whole blocks), then runs each panel's register tile over them: per
+them from L2). Its rows of A are bfloat16 words (two contiguous runs of each row
+paired lane by lane, the pairing `pack_b_bf16` gave B; K zero-padded to whole blocks):
+converted by the tile on the stack where B is one group, else once per call into a
+buffer of every row tile that all groups read (per group, the conversion cost about a
+quarter of the tile's time). The tile runs each panel's register tile over them: per
 word of K, one broadcast A word per row and `mr * nr` float32 lanes of `dot2_bf16`
 (one `vdpbf16ps` per 16 lanes: two multiply-adds each), the accumulators held at
 constant rows so they stay in registers, as the float32 micro-kernel's
@@ -162,13 +164,13 @@ def _convert_rows(nest: Bf16Nest, at_: _At, abuf: Buffer, row0: PrimExpr | None 
 
 
 def _panel(nest: Bf16Nest, at_: _At, panel: PrimExpr, abuf: Buffer,
-           a_offset: PrimExpr) -> Stmt:
-    """One register tile: the rows' words (from element `a_offset` of `abuf` on the AMX
-    path) by panel `panel`, stored through the epilogue."""
+           a_row: PrimExpr) -> Stmt:
+    """One register tile: the rows' words (from row `a_row` of `abuf`) by panel
+    `panel`, stored through the epilogue."""
     mr, nr = nest.mr, nest.nr
     if nest.amx is not None:
         stage = Buffer("stage", (mr, nr), "float32", "local")
-        return seq(Allocate(stage), amx_stage(stage, abuf, a_offset, nest.amx,
+        return seq(Allocate(stage), amx_stage(stage, abuf, a_row * nest.words, nest.amx,
                                               panel * (nest.words * nr), nest.words, mr, nr),
                    _stores(nest, at_, panel, stage))
     acc = Buffer("acc", (mr, nr), "float32", "local")
@@ -184,7 +186,7 @@ def _panel(nest: Bf16Nest, at_: _At, panel: PrimExpr, abuf: Buffer,
             Store(acc, Intrin(DOT2_BF16, (acc[const(r), v], xs[r], bv)), (const(r), v))
             for r in range(mr)))
 
-    step = seq(*(LetStmt(x, abuf[const(r), w]) for r, x in enumerate(xs)),
+    step = seq(*(LetStmt(x, abuf[a_row + r, w]) for r, x in enumerate(xs)),
                lanes_loop("v", nr, lane))
     reduce = For(w, const(0), const(nest.words), "serial", step)
     stage = Buffer("stage", (mr, nr), "float32", "local")
@@ -223,8 +225,9 @@ def bf16_body(nest: Bf16Nest) -> Stmt:
     tile)."""
     mtiles = (nest.m + nest.mr - 1) // nest.mr
     groups = -(-nest.panels // nest.group)
-    if nest.amx is not None and nest.mr * nest.words * 4 > STACK_LIMIT_BYTES:
-        return _amx_heap_body(nest, mtiles, groups)
+    over_stack = nest.amx is not None and nest.mr * nest.words * 4 > STACK_LIMIT_BYTES
+    if not nest.batch and (groups > 1 or over_stack):
+        return _heap_body(nest, mtiles, groups)
 
     def tile(bf: PrimExpr, gi: PrimExpr, mt: PrimExpr) -> Stmt:
         lets: list[Stmt] = []
@@ -243,31 +246,31 @@ def bf16_body(nest: Bf16Nest) -> Stmt:
                          entries * nest.m * nest.n * nest.k, isa=nest.isa)
 
 
-def _group(nest: Bf16Nest, at_: _At, gi: PrimExpr, abuf: Buffer, a_offset: PrimExpr
+def _group(nest: Bf16Nest, at_: _At, gi: PrimExpr, abuf: Buffer, a_row: PrimExpr
            ) -> Stmt:
     """The register tiles of the tile's rows by panel group `gi`."""
     pj = Var("pj", INDEX_DTYPE)
     here: PrimExpr = (const(nest.group) if nest.panels % nest.group == 0
                       else min_(nest.group, nest.panels - gi * nest.group))
     panels: Stmt = For(pj, const(0), here, "serial",
-                       _panel(nest, at_, gi * nest.group + pj, abuf, a_offset))
+                       _panel(nest, at_, gi * nest.group + pj, abuf, a_row))
     if nest.amx is not None:  # the tiles configured once per parallel tile
         panels = seq(amx_begin(), panels, amx_end())
     return panels
 
 
-def _amx_heap_body(nest: Bf16Nest, mtiles: Any, groups: int) -> Stmt:
-    """The AMX nest where a row tile's words would not fit the stack (K over 1024 on
-    32 rows): A converted once, in parallel over its row tiles, into a heap buffer of
-    whole row tiles, which the parallel tiles then read at their rows' offset."""
-    assert not nest.batch  # the AMX path takes a constant B only
+def _heap_body(nest: Bf16Nest, mtiles: Any, groups: int) -> Stmt:
+    """The nest where a row tile's words would be converted once per panel group (more
+    than one group), or would not fit the stack (AMX: K over 1024 on 32 rows): A
+    converted once, in parallel over its row tiles, into a heap buffer of whole row
+    tiles, which the parallel tiles then read at their rows' offset."""
     abuf = Buffer("a_bf16", (mtiles * nest.mr, nest.words), "int32", "global")
 
     def rows(mt: PrimExpr) -> Stmt:
         return _convert_rows(nest, (const(0), (), mt), abuf, mt * nest.mr)
 
     def tile(gi: PrimExpr, mt: PrimExpr) -> Stmt:
-        return _group(nest, (const(0), (), mt), gi, abuf, mt * (nest.mr * nest.words))
+        return _group(nest, (const(0), (), mt), gi, abuf, mt * nest.mr)
 
     convert = parallel_when(lambda: parallel_tiles((mtiles,), rows), nest.m * nest.k,
                             "element", isa=nest.isa)

@@ -22,6 +22,7 @@ from kiln.ir.shape_expr import dim_product
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
+    IfThenElse,
     PrimExpr,
     PrimFunc,
     Stmt,
@@ -57,14 +58,20 @@ class ActivationB:
     n: int
     transposed: bool
 
-    def at(self, bidx: tuple[PrimExpr, ...], kk: PrimExpr, col: PrimExpr) -> PrimExpr:
-        """B[kk, col] of batch entry `bidx` (zero past K and N)."""
-        ki, ci = min_(kk, self.k - 1), min_(col, self.n - 1)
+    def at(self, bidx: tuple[PrimExpr, ...], kk: PrimExpr, col: PrimExpr,
+           inside: tuple[bool, bool] = (False, False)) -> PrimExpr:
+        """B[kk, col] of batch entry `bidx` (zero past K and N); `inside` says that `kk`
+        is under K and `col` under N, so that either is read unclamped."""
+        k_inside, col_inside = inside
+        ki = kk if k_inside else min_(kk, self.k - 1)
+        ci = col if col_inside else min_(col, self.n - 1)
         value: PrimExpr = (self.buf[(*bidx, ci, ki)] if self.transposed
                            else self.buf[(*bidx, ki, ci)])
         zero = as_expr(0.0, "float32")
-        if self.k % PAIR_BLOCK:
+        if self.k % PAIR_BLOCK and not k_inside:
             value = select(compare("lt", kk, const(self.k)), value, zero)
+        if col_inside:
+            return value
         return select(compare("lt", col, const(self.n)), value, zero)
 
 
@@ -83,18 +90,33 @@ def pack_b_bf16_at_run_time(b: ActivationB, nr: int, *, isa: ISA
         lets: list[Stmt] = []
         bidx = unflatten(bf, b.batch, "bj", lets)
 
-        def word(q: PrimExpr, j: PrimExpr, v: PrimExpr) -> Stmt:
-            kk, col = q * PAIR_BLOCK + j, p * nr + v
-            return Store(ws, bf16_word(b.at(bidx, kk, col), b.at(bidx, kk + PAIR_STRIDE, col)),
-                         (bf, p, q * PAIR_STRIDE + j, v))
+        def panel(col_inside: bool) -> Stmt:
+            def word(q: PrimExpr, j: PrimExpr, v: PrimExpr, k_inside: bool) -> Stmt:
+                kk, col = q * PAIR_BLOCK + j, p * nr + v
+                inside = (k_inside, col_inside)
+                return Store(ws, bf16_word(b.at(bidx, kk, col, inside),
+                                           b.at(bidx, kk + PAIR_STRIDE, col, inside)),
+                             (bf, p, q * PAIR_STRIDE + j, v))
 
-        blocks = words // PAIR_STRIDE
-        if b.transposed:
-            body = _loop("v", nr, lambda v: _loop("q", blocks, lambda q: _loop(
-                "j", PAIR_STRIDE, lambda j: word(q, j, v))))
-        else:
-            body = _loop("q", blocks, lambda q: _loop("j", PAIR_STRIDE, lambda j: _loop(
-                "v", nr, lambda v: word(q, j, v))))
+            def block(q: PrimExpr, v: PrimExpr | None, k_inside: bool) -> Stmt:
+                if v is not None:  # transposed: along K within one column
+                    return _loop("j", PAIR_STRIDE, lambda j: word(q, j, v, k_inside))
+                return _loop("j", PAIR_STRIDE, lambda j: _loop(
+                    "v", nr, lambda v: word(q, j, v, k_inside)))
+
+            def blocks(v: PrimExpr | None) -> Stmt:
+                # only the block K ends inside reads clamped (no vector form)
+                whole = b.k // PAIR_BLOCK
+                last = [block(const(whole), v, False)] if whole < words // PAIR_STRIDE else []
+                return seq(_loop("q", whole, lambda q: block(q, v, True)), *last)
+
+            if b.transposed:
+                return _loop("v", nr, blocks)
+            return blocks(None)
+
+        # only the panel N ends inside reads its columns clamped
+        body = panel(True) if b.n % nr == 0 else IfThenElse(
+            compare("lt", p, const(b.n // nr)), panel(True), panel(False))
         return seq(*lets, body)
 
     work = dim_product((entries, panels, words * 2, nr))

@@ -53,17 +53,34 @@ def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any]
     """One row of softmax (or log_softmax): `read(j)` is the input element j,
     `store(j, v)` writes result element j (applying any epilogue), `out_at(j)` reads
     back what pass 2 stored (softmax only)."""
-    m, init_m = loops.accumulators("row_max", te.lowest_value(F32))
-    s, init_s = loops.accumulators("row_sum", as_expr(0.0, F32))
-    pass1 = loops.each(lambda j, lane: Store(m, _row_max(m[lane], read(j)), (lane,)))
-    mx, let_mx = let("mx", loops.combined(m, _row_max))
     if log:
+        find_max, mx = _max_pass(loops, read)
+        s, init_s = loops.accumulators("row_sum", as_expr(0.0, F32))
         pass2 = loops.each(lambda j, lane: Store(
             s, s[lane] + intrin("exp", read(j) - mx), (lane,)))
         log_sum, let_shift = let("log_sum", intrin("log", loops.folded_sum(s)))
         # (x - max) first: max + log_sum would round away the low bits of large inputs
         pass3 = loops.each(lambda j, lane: store(j, (read(j) - mx) - log_sum))
-        return seq(*init_m, pass1, let_mx, *init_s, pass2, let_shift, pass3)
+        return seq(find_max, *init_s, pass2, let_shift, pass3)
+
+    def scale(inv: PrimExpr) -> Stmt:
+        def scaled(j: PrimExpr, lane: PrimExpr) -> Stmt:
+            buf, idx = out_at(j)
+            return store(j, buf[idx] * inv)
+
+        return loops.each(scaled)
+
+    return softmax_exp_row(loops, read, out_at, scale, isa=isa)
+
+
+def softmax_exp_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any],
+                    then: Callable[[PrimExpr], Stmt], *, isa: ISA) -> Stmt:
+    """Softmax's first two passes over one row: `exp(x - max)` of each element `read(j)`
+    stored at `out_at(j)`, then `then(inv)` with `inv` the reciprocal of their sum. The
+    softmax is each stored value times `inv`: `then` scales them in place (softmax_row)
+    or leaves that to whoever reads the row next."""
+    find_max, mx = _max_pass(loops, read)
+    s, init_s = loops.accumulators("row_sum", as_expr(0.0, F32))
 
     def exp_and_sum(j: PrimExpr, lane: PrimExpr) -> Stmt:
         lets: list[Stmt] = []
@@ -73,9 +90,12 @@ def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any]
 
     pass2 = loops.each(exp_and_sum)
     inv, let_inv = let("inv", as_expr(1.0, F32) / loops.folded_sum(s))
+    return seq(find_max, *init_s, pass2, let_inv, then(inv))
 
-    def scale(j: PrimExpr, lane: PrimExpr) -> Stmt:
-        buf, idx = out_at(j)
-        return store(j, buf[idx] * inv)
 
-    return seq(*init_m, pass1, let_mx, *init_s, pass2, let_inv, loops.each(scale))
+def _max_pass(loops: RowLoops, read: Reader) -> tuple[Stmt, PrimExpr]:
+    """The statements finding the row's max (bound to a let) and that let."""
+    m, init_m = loops.accumulators("row_max", te.lowest_value(F32))
+    pass1 = loops.each(lambda j, lane: Store(m, _row_max(m[lane], read(j)), (lane,)))
+    mx, let_mx = let("mx", loops.combined(m, _row_max))
+    return seq(*init_m, pass1, let_mx), mx
