@@ -2,8 +2,8 @@
 composed from kiln operators (docs/onnx.md, "LLM contrib operators"):
 
 - `GroupQueryAttention` as onnxruntime's CPU kernel computes it: the new key/value rows
-  written into the cache at each batch row's past length (a scatter of run-time
-  positions), every key/value head serving `num_heads / kv_num_heads` query heads (a
+  written into the cache at each batch row's past length (`cache_rows`, one pass over
+  the past and the new rows), every key/value head serving `num_heads / kv_num_heads` query heads (a
   broadcast matrix product, never a repeated cache), the causal, padding and local-window
   mask read from `seqlens_k`, RoPE from the cos/sin caches, softcap, softmax. The
   present outputs' length `max(past, total_sequence_length)` is a symbolic size when
@@ -134,17 +134,20 @@ def _gqa_qkv(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     return q, k, v
 
 
-def _present_iota(ctx: GraphContext, total: g.Expr, past: g.Expr, cat: g.Expr) -> g.Expr:
+def _present_iota(ctx: GraphContext, total: g.Expr, past: g.Expr, steps: g.Expr) -> g.Expr:
     """The cache positions 0 .. L - 1 of the present outputs, L = max(past length,
     total_sequence_length): a run-time dimension read from total_sequence_length's value
     (even where a Shape subgraph gives it, as onnxruntime-genai's builder writes it: the
-    attention mask's length, which kiln cannot prove to be past + seq), bound by the
-    length past + seq of `cat` and checked against it (onnxruntime refuses any other
-    total: past + seq for a growing cache, at most past for a shared buffer)."""
+    attention mask's length, which kiln cannot prove to be past + seq), bound by past +
+    seq and checked against it (onnxruntime refuses any other total: past + seq for a
+    growing cache, at most past for a shared buffer)."""
     length = ctx.call("maximum", ctx.call("shape_of", past, start=2, end=3),
                       ctx.call("reshape", _i64(ctx, total), shape=(1,)))
+    # the bound's length past + seq, from the positions of past and new (a few int64s,
+    # not the cache)
+    bound = ctx.call("concat", _iota(ctx, ctx.tensor_type(past).shape[2]), steps, axis=0)
     name = fresh_dim_name("present", next((o for o in ctx.node_outputs[1:] if o), "length"))
-    return ctx.call("topk_k", length, cat, axis=2, dim=name, error=GQA_TOTAL_ERROR)
+    return ctx.call("topk_k", length, bound, axis=0, dim=name, error=GQA_TOTAL_ERROR)
 
 
 @dataclass(frozen=True)
@@ -170,41 +173,6 @@ def _checked(ctx: GraphContext, rows: _Rows) -> g.Expr:
         np.array(0, np.int64))), ctx.call("less_equal", rows.totals, length))
     index = ctx.call("where", ok, ctx.const(np.array(0, np.int64)), length)
     return ctx.call("add", rows.totals, ctx.call("gather", rows.pos_t, index, axis=0))
-
-
-def _present_rows(ctx: GraphContext, cat: g.Expr, past: g.Expr, rows: _Rows
-                  ) -> tuple[g.Expr, g.Expr]:
-    """Where each present row (batch, kv, L) comes from in `cat` (past and new side by
-    side, (batch, kv, P + S, head)) flattened to rows, and which present rows hold data
-    (batch, 1, L, 1): row t of batch row b is the past's row t before start[b], the new
-    row t - start[b] up to start[b] + seq (a padded prompt's padding rows too, as
-    onnxruntime writes them), zero after (onnxruntime's present when it is not the
-    past's buffer)."""
-    batch, kv = ctx.tensor_type(cat).shape[:2]
-    assert isinstance(kv, int)  # kv_num_heads, checked against the past
-    p = ctx.call("shape_of", past, start=2, end=3)
-    n = ctx.call("shape_of", cat, start=2, end=3)
-    t3 = _shaped(ctx, rows.pos_t, 3, 2)  # (1, 1, L)
-    start3 = ctx.call("reshape", rows.start, shape=(-1, 1, 1))
-    from_new = ctx.call("add", ctx.call("subtract", t3, start3), p)
-    row = ctx.call("where", ctx.call("less", t3, start3), t3, from_new)
-    row = ctx.call("minimum", row, ctx.call("subtract", n, ctx.const(np.array(1, np.int64))))
-    slab = ctx.call("add", ctx.call("multiply", _shaped(ctx, _iota(ctx, batch), 3, 0),
-                                    ctx.const(np.array(kv, np.int64))),
-                    ctx.const(np.arange(kv, dtype=np.int64).reshape(1, -1, 1)))
-    index = ctx.call("add", ctx.call("multiply", slab, n), row)  # b * kv + h, then the row
-    end = ctx.call("add", rows.start, ctx.call("shape_of", rows.steps, start=0, end=1))
-    keep = ctx.call("less", _shaped(ctx, rows.pos_t, 4, 2),
-                    ctx.call("reshape", end, shape=(-1, 1, 1, 1)))
-    return index, keep
-
-
-def _present(ctx: GraphContext, cat: g.Expr, index: g.Expr, keep: g.Expr) -> g.Expr:
-    """present (batch, kv, L, head): one gather of rows of `cat`, so the copy costs what
-    the present holds."""
-    head = ctx.tensor_type(cat).shape[3]
-    rows = ctx.call("gather", reshape_to(ctx, cat, (-1, head)), index, axis=0)
-    return ctx.call("where", keep, rows, ctx.const(np.array(0, np.float32)))
 
 
 def _scores_mask(ctx: GraphContext, rows: _Rows, window: int) -> g.Expr:
@@ -312,12 +280,14 @@ def _group_query_attention(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     start = ctx.call("subtract", totals, count)
     if int(attrs.get("do_rotary", 0)):
         q, k = _gqa_rotary(ctx, inputs, q, k, start, steps, h, attrs)
-    cat_k = ctx.call("concat", past_k, _to_heads(ctx, k, h.kv_heads, h.head), axis=2)
-    cat_v = ctx.call("concat", past_v, _to_heads(ctx, v, h.kv_heads, h.head), axis=2)
-    rows = _Rows(start, totals, _present_iota(ctx, total, past_k, cat_k), steps)
+    rows = _Rows(start, totals, _present_iota(ctx, total, past_k, steps), steps)
     rows = _Rows(start, _checked(ctx, rows), rows.pos_t, steps)
-    index, keep = _present_rows(ctx, cat_k, past_k, rows)
-    present_k, present_v = _present(ctx, cat_k, index, keep), _present(ctx, cat_v, index, keep)
+    # each batch row's past rows, then its new rows at its own length (a padded prompt's
+    # padding rows too, as onnxruntime writes them), zero after: onnxruntime's present
+    # when it is not the past's buffer
+    present_k, present_v = (
+        ctx.call("cache_rows", past, _to_heads(ctx, new, h.kv_heads, h.head), rows.start,
+                 rows.pos_t) for past, new in ((past_k, k), (past_v, v)))
     seen = _scores_mask(ctx, rows, int(attrs.get("local_window_size", -1)))
     scale = float(attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(h.head))
     out = _attend(ctx, q, present_k, present_v, seen, h, scale,
