@@ -195,25 +195,35 @@ def _attend(ctx: GraphContext, q: g.Expr, k: g.Expr, v: g.Expr, seen: g.Expr, h:
             scale: float, softcap: float) -> g.Expr:
     """softmax(mask(softcap(Q K^T * scale))) V with each K/V head shared by `group`
     query heads: q (batch, seq, heads * head), k/v (batch, kv, L, head); the result
-    (batch, seq, heads * head)."""
+    (batch, seq, heads * head). A K/V head's group of query heads are the rows (group *
+    seq) of one product, so both products read the cache as it is (K^T as the product's
+    transposed B, merge-copies): no copy of the keys or values each step."""
     qt = ctx.tensor_type(q)
     batch, seq = qt.shape[0], qt.shape[1]
     q5 = ctx.call("transpose", reshape_to(ctx, q, (batch, seq, h.kv_heads, h.group, h.head)),
                   perm=(0, 2, 3, 1, 4))  # (batch, kv, group, seq, head)
-    kt = ctx.call("transpose", k, perm=(0, 1, 3, 2))
-    ktt = ctx.tensor_type(kt)
-    k5 = reshape_to(ctx, kt, (ktt.shape[0], ktt.shape[1], 1, ktt.shape[2], ktt.shape[3]))
-    scores = ctx.call("multiply", ctx.call("matmul", q5, k5),
-                      ctx.const(np.array(scale, np.float32)))
+    q4 = reshape_to(ctx, q5, (batch, h.kv_heads, h.group * seq, h.head))
+    scores = ctx.call("multiply", ctx.call("matmul", q4, ctx.call(
+        "transpose", k, perm=(0, 1, 3, 2))), ctx.const(np.array(scale, np.float32)))
     if softcap > 0:
         cap = ctx.const(np.array(softcap, np.float32))
         scores = ctx.call("multiply", ctx.call("tanh", ctx.call("divide", scores, cap)), cap)
     lowest = ctx.const(np.array(np.finfo(np.float32).min, np.float32))
-    probs = ctx.call("softmax", ctx.call("where", seen, scores, lowest), axis=4)
-    vt = ctx.tensor_type(v)
-    v5 = reshape_to(ctx, v, (vt.shape[0], vt.shape[1], 1, vt.shape[2], vt.shape[3]))
-    out = ctx.call("transpose", ctx.call("matmul", probs, v5), perm=(0, 3, 1, 2, 4))
+    probs = ctx.call("softmax", ctx.call("where", _group_rows(ctx, seen, h), scores, lowest),
+                     axis=3)
+    out = reshape_to(ctx, ctx.call("matmul", probs, v),
+                     (batch, h.kv_heads, h.group, seq, h.head))
+    out = ctx.call("transpose", out, perm=(0, 3, 1, 2, 4))
     return reshape_to(ctx, out, (batch, seq, h.heads * h.head))
+
+
+def _group_rows(ctx: GraphContext, seen: g.Expr, h: _Heads) -> g.Expr:
+    """The mask (batch, 1, 1, seq, L) for the products' rows (batch, 1, group * seq, L):
+    row g * seq + s is query s's (a few bools a step, not the cache)."""
+    batch, _, _, seq, length = ctx.tensor_type(seen).shape
+    every = ctx.const(np.ones((1, 1, h.group, 1, 1), bool))
+    rows = ctx.call("logical_and", seen, every) if h.group > 1 else seen
+    return reshape_to(ctx, rows, (batch, 1, h.group * seq, length))
 
 
 def _gqa_rotary(ctx: GraphContext, inputs: Sequence[g.Expr | None], q: g.Expr, k: g.Expr,
