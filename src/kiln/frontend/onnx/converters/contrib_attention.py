@@ -134,20 +134,21 @@ def _gqa_qkv(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     return q, k, v
 
 
-def _present_iota(ctx: GraphContext, total: g.Expr, past: g.Expr, steps: g.Expr) -> g.Expr:
+def _present_iota(ctx: GraphContext, total: g.Expr, past: g.Expr, new: g.Expr) -> g.Expr:
     """The cache positions 0 .. L - 1 of the present outputs, L = max(past length,
     total_sequence_length): a run-time dimension read from total_sequence_length's value
     (even where a Shape subgraph gives it, as onnxruntime-genai's builder writes it: the
-    attention mask's length, which kiln cannot prove to be past + seq), bound by past +
-    seq and checked against it (onnxruntime refuses any other total: past + seq for a
-    growing cache, at most past for a shared buffer)."""
+    attention mask's length, which kiln cannot prove to be past + seq), bound by the
+    length past + seq of past and new rows (batch, kv, rows, head) side by side and
+    checked against it (onnxruntime refuses any other total: past + seq for a growing
+    cache, at most past for a shared buffer)."""
     length = ctx.call("maximum", ctx.call("shape_of", past, start=2, end=3),
                       ctx.call("reshape", _i64(ctx, total), shape=(1,)))
-    # the bound's length past + seq, from the positions of past and new (a few int64s,
-    # not the cache)
-    bound = ctx.call("concat", _iota(ctx, ctx.tensor_type(past).shape[2]), steps, axis=0)
+    # the bound's rows from one lane of each head: past + seq, not the cache
+    lanes = (ctx.call("strided_slice", x, starts=(0,), ends=(1,), axes=(3,)) for x in (past, new))
     name = fresh_dim_name("present", next((o for o in ctx.node_outputs[1:] if o), "length"))
-    return ctx.call("topk_k", length, bound, axis=0, dim=name, error=GQA_TOTAL_ERROR)
+    return ctx.call("topk_k", length, ctx.call("concat", *lanes, axis=2), axis=2, dim=name,
+                    error=GQA_TOTAL_ERROR)
 
 
 @dataclass(frozen=True)
@@ -290,14 +291,14 @@ def _group_query_attention(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     start = ctx.call("subtract", totals, count)
     if int(attrs.get("do_rotary", 0)):
         q, k = _gqa_rotary(ctx, inputs, q, k, start, steps, h, attrs)
-    rows = _Rows(start, totals, _present_iota(ctx, total, past_k, steps), steps)
+    new_k, new_v = (_to_heads(ctx, x, h.kv_heads, h.head) for x in (k, v))
+    rows = _Rows(start, totals, _present_iota(ctx, total, past_k, new_k), steps)
     rows = _Rows(start, _checked(ctx, rows), rows.pos_t, steps)
     # each batch row's past rows, then its new rows at its own length (a padded prompt's
     # padding rows too, as onnxruntime writes them), zero after: onnxruntime's present
     # when it is not the past's buffer
-    present_k, present_v = (
-        ctx.call("cache_rows", past, _to_heads(ctx, new, h.kv_heads, h.head), rows.start,
-                 rows.pos_t) for past, new in ((past_k, k), (past_v, v)))
+    present_k, present_v = (ctx.call("cache_rows", past, new, rows.start, rows.pos_t)
+                            for past, new in ((past_k, new_k), (past_v, new_v)))
     seen = _scores_mask(ctx, rows, int(attrs.get("local_window_size", -1)))
     scale = float(attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(h.head))
     out = _attend(ctx, q, present_k, present_v, seen, h, scale,
