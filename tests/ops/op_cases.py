@@ -403,6 +403,9 @@ CASES: dict[str, list[OpCase]] = {
                                         "shape": (6, 4)}),
                           OpCase((X,), {"inner": (6, 4), "perm": (1, 0), "shape": (2, 2, 6)})],
     "concat": [OpCase((X, f32(2, 1, 4), f32(2, 2, 4)), {"axis": 1})],
+    # batch row 0 keeps its whole past (a concatenation), row 1 one past row, then zeros
+    "cache_rows": [OpCase((f32(2, 3, 4, 5), f32(2, 3, 2, 5), const([4, 1], "int64"),
+                           const(np.arange(6), "int64")))],
     "split": [OpCase((f32(2, 7),), {"axis": 1, "sections": (2, 0, 5)})],
     "shape_of": [OpCase((X,), {"start": 0, "end": 3}), OpCase((X,), {"start": 1, "end": 2})],
     "strided_slice": [OpCase((X,), {"starts": (1, -1), "ends": (100, -4), "axes": (1, 2),

@@ -14,6 +14,7 @@ from kiln.ops import (  # noqa: F401
     gemm_f16,
     image,
     indexing,
+    kv_cache,
     layout,
     logic,
     lrn,

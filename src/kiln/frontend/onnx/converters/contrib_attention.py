@@ -2,8 +2,8 @@
 composed from kiln operators (docs/onnx.md, "LLM contrib operators"):
 
 - `GroupQueryAttention` as onnxruntime's CPU kernel computes it: the new key/value rows
-  written into the cache at each batch row's past length (a scatter of run-time
-  positions), every key/value head serving `num_heads / kv_num_heads` query heads (a
+  written into the cache at each batch row's past length (`cache_rows`, one pass over
+  the past and the new rows), every key/value head serving `num_heads / kv_num_heads` query heads (a
   broadcast matrix product, never a repeated cache), the causal, padding and local-window
   mask read from `seqlens_k`, RoPE from the cos/sin caches, softcap, softmax. The
   present outputs' length `max(past, total_sequence_length)` is a symbolic size when
@@ -134,17 +134,21 @@ def _gqa_qkv(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     return q, k, v
 
 
-def _present_iota(ctx: GraphContext, total: g.Expr, past: g.Expr, cat: g.Expr) -> g.Expr:
+def _present_iota(ctx: GraphContext, total: g.Expr, past: g.Expr, new: g.Expr) -> g.Expr:
     """The cache positions 0 .. L - 1 of the present outputs, L = max(past length,
     total_sequence_length): a run-time dimension read from total_sequence_length's value
     (even where a Shape subgraph gives it, as onnxruntime-genai's builder writes it: the
     attention mask's length, which kiln cannot prove to be past + seq), bound by the
-    length past + seq of `cat` and checked against it (onnxruntime refuses any other
-    total: past + seq for a growing cache, at most past for a shared buffer)."""
+    length past + seq of past and new rows (batch, kv, rows, head) side by side and
+    checked against it (onnxruntime refuses any other total: past + seq for a growing
+    cache, at most past for a shared buffer)."""
     length = ctx.call("maximum", ctx.call("shape_of", past, start=2, end=3),
                       ctx.call("reshape", _i64(ctx, total), shape=(1,)))
+    # the bound's rows from one lane of each head: past + seq, not the cache
+    lanes = (ctx.call("strided_slice", x, starts=(0,), ends=(1,), axes=(3,)) for x in (past, new))
     name = fresh_dim_name("present", next((o for o in ctx.node_outputs[1:] if o), "length"))
-    return ctx.call("topk_k", length, cat, axis=2, dim=name, error=GQA_TOTAL_ERROR)
+    return ctx.call("topk_k", length, ctx.call("concat", *lanes, axis=2), axis=2, dim=name,
+                    error=GQA_TOTAL_ERROR)
 
 
 @dataclass(frozen=True)
@@ -172,41 +176,6 @@ def _checked(ctx: GraphContext, rows: _Rows) -> g.Expr:
     return ctx.call("add", rows.totals, ctx.call("gather", rows.pos_t, index, axis=0))
 
 
-def _present_rows(ctx: GraphContext, cat: g.Expr, past: g.Expr, rows: _Rows
-                  ) -> tuple[g.Expr, g.Expr]:
-    """Where each present row (batch, kv, L) comes from in `cat` (past and new side by
-    side, (batch, kv, P + S, head)) flattened to rows, and which present rows hold data
-    (batch, 1, L, 1): row t of batch row b is the past's row t before start[b], the new
-    row t - start[b] up to start[b] + seq (a padded prompt's padding rows too, as
-    onnxruntime writes them), zero after (onnxruntime's present when it is not the
-    past's buffer)."""
-    batch, kv = ctx.tensor_type(cat).shape[:2]
-    assert isinstance(kv, int)  # kv_num_heads, checked against the past
-    p = ctx.call("shape_of", past, start=2, end=3)
-    n = ctx.call("shape_of", cat, start=2, end=3)
-    t3 = _shaped(ctx, rows.pos_t, 3, 2)  # (1, 1, L)
-    start3 = ctx.call("reshape", rows.start, shape=(-1, 1, 1))
-    from_new = ctx.call("add", ctx.call("subtract", t3, start3), p)
-    row = ctx.call("where", ctx.call("less", t3, start3), t3, from_new)
-    row = ctx.call("minimum", row, ctx.call("subtract", n, ctx.const(np.array(1, np.int64))))
-    slab = ctx.call("add", ctx.call("multiply", _shaped(ctx, _iota(ctx, batch), 3, 0),
-                                    ctx.const(np.array(kv, np.int64))),
-                    ctx.const(np.arange(kv, dtype=np.int64).reshape(1, -1, 1)))
-    index = ctx.call("add", ctx.call("multiply", slab, n), row)  # b * kv + h, then the row
-    end = ctx.call("add", rows.start, ctx.call("shape_of", rows.steps, start=0, end=1))
-    keep = ctx.call("less", _shaped(ctx, rows.pos_t, 4, 2),
-                    ctx.call("reshape", end, shape=(-1, 1, 1, 1)))
-    return index, keep
-
-
-def _present(ctx: GraphContext, cat: g.Expr, index: g.Expr, keep: g.Expr) -> g.Expr:
-    """present (batch, kv, L, head): one gather of rows of `cat`, so the copy costs what
-    the present holds."""
-    head = ctx.tensor_type(cat).shape[3]
-    rows = ctx.call("gather", reshape_to(ctx, cat, (-1, head)), index, axis=0)
-    return ctx.call("where", keep, rows, ctx.const(np.array(0, np.float32)))
-
-
 def _scores_mask(ctx: GraphContext, rows: _Rows, window: int) -> g.Expr:
     """Which keys (batch, 1, 1, seq, L) each query sees: key t of row b from query s when
     t < seqlens_k[b] + 1 (padding), t <= start[b] + s (causal) and, with a local
@@ -227,25 +196,35 @@ def _attend(ctx: GraphContext, q: g.Expr, k: g.Expr, v: g.Expr, seen: g.Expr, h:
             scale: float, softcap: float) -> g.Expr:
     """softmax(mask(softcap(Q K^T * scale))) V with each K/V head shared by `group`
     query heads: q (batch, seq, heads * head), k/v (batch, kv, L, head); the result
-    (batch, seq, heads * head)."""
+    (batch, seq, heads * head). A K/V head's group of query heads are the rows (group *
+    seq) of one product, so both products read the cache as it is (K^T as the product's
+    transposed B, merge-copies): no copy of the keys or values each step."""
     qt = ctx.tensor_type(q)
     batch, seq = qt.shape[0], qt.shape[1]
     q5 = ctx.call("transpose", reshape_to(ctx, q, (batch, seq, h.kv_heads, h.group, h.head)),
                   perm=(0, 2, 3, 1, 4))  # (batch, kv, group, seq, head)
-    kt = ctx.call("transpose", k, perm=(0, 1, 3, 2))
-    ktt = ctx.tensor_type(kt)
-    k5 = reshape_to(ctx, kt, (ktt.shape[0], ktt.shape[1], 1, ktt.shape[2], ktt.shape[3]))
-    scores = ctx.call("multiply", ctx.call("matmul", q5, k5),
-                      ctx.const(np.array(scale, np.float32)))
+    q4 = reshape_to(ctx, q5, (batch, h.kv_heads, h.group * seq, h.head))
+    scores = ctx.call("multiply", ctx.call("matmul", q4, ctx.call(
+        "transpose", k, perm=(0, 1, 3, 2))), ctx.const(np.array(scale, np.float32)))
     if softcap > 0:
         cap = ctx.const(np.array(softcap, np.float32))
         scores = ctx.call("multiply", ctx.call("tanh", ctx.call("divide", scores, cap)), cap)
     lowest = ctx.const(np.array(np.finfo(np.float32).min, np.float32))
-    probs = ctx.call("softmax", ctx.call("where", seen, scores, lowest), axis=4)
-    vt = ctx.tensor_type(v)
-    v5 = reshape_to(ctx, v, (vt.shape[0], vt.shape[1], 1, vt.shape[2], vt.shape[3]))
-    out = ctx.call("transpose", ctx.call("matmul", probs, v5), perm=(0, 3, 1, 2, 4))
+    probs = ctx.call("softmax", ctx.call("where", _group_rows(ctx, seen, h), scores, lowest),
+                     axis=3)
+    out = reshape_to(ctx, ctx.call("matmul", probs, v),
+                     (batch, h.kv_heads, h.group, seq, h.head))
+    out = ctx.call("transpose", out, perm=(0, 3, 1, 2, 4))
     return reshape_to(ctx, out, (batch, seq, h.heads * h.head))
+
+
+def _group_rows(ctx: GraphContext, seen: g.Expr, h: _Heads) -> g.Expr:
+    """The mask (batch, 1, 1, seq, L) for the products' rows (batch, 1, group * seq, L):
+    row g * seq + s is query s's (a few bools a step, not the cache)."""
+    batch, _, _, seq, length = ctx.tensor_type(seen).shape
+    every = ctx.const(np.ones((1, 1, h.group, 1, 1), bool))
+    rows = ctx.call("logical_and", seen, every) if h.group > 1 else seen
+    return reshape_to(ctx, rows, (batch, 1, h.group * seq, length))
 
 
 def _gqa_rotary(ctx: GraphContext, inputs: Sequence[g.Expr | None], q: g.Expr, k: g.Expr,
@@ -312,12 +291,14 @@ def _group_query_attention(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     start = ctx.call("subtract", totals, count)
     if int(attrs.get("do_rotary", 0)):
         q, k = _gqa_rotary(ctx, inputs, q, k, start, steps, h, attrs)
-    cat_k = ctx.call("concat", past_k, _to_heads(ctx, k, h.kv_heads, h.head), axis=2)
-    cat_v = ctx.call("concat", past_v, _to_heads(ctx, v, h.kv_heads, h.head), axis=2)
-    rows = _Rows(start, totals, _present_iota(ctx, total, past_k, cat_k), steps)
+    new_k, new_v = (_to_heads(ctx, x, h.kv_heads, h.head) for x in (k, v))
+    rows = _Rows(start, totals, _present_iota(ctx, total, past_k, new_k), steps)
     rows = _Rows(start, _checked(ctx, rows), rows.pos_t, steps)
-    index, keep = _present_rows(ctx, cat_k, past_k, rows)
-    present_k, present_v = _present(ctx, cat_k, index, keep), _present(ctx, cat_v, index, keep)
+    # each batch row's past rows, then its new rows at its own length (a padded prompt's
+    # padding rows too, as onnxruntime writes them), zero after: onnxruntime's present
+    # when it is not the past's buffer
+    present_k, present_v = (ctx.call("cache_rows", past, new, rows.start, rows.pos_t)
+                            for past, new in ((past_k, new_k), (past_v, new_v)))
     seen = _scores_mask(ctx, rows, int(attrs.get("local_window_size", -1)))
     scale = float(attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(h.head))
     out = _attend(ctx, q, present_k, present_v, seen, h, scale,
