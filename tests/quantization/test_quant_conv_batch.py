@@ -102,10 +102,11 @@ def test_vnni_positions_tiles_hold_enough_accumulators() -> None:
     (`vpmaddwd`, an add: no such chain) and AVX2 keep the least padding."""
     vnni = isa_for(Target("llvm -mcpu=znver4"))
     assert vnni.profile.int8_min_accumulators == 16
-    # (and no wider than 2 vectors, whose 8 rows store words of 4 channels; 56 x 56 took
-    # 4 vectors of 6 rows before)
-    assert dot.position_tile_cols(vnni) == 32 < dot.tile_cols(vnni)
-    for positions, want in ((784, 32), (196, 32), (56 * 56, 32), (49, 32), (12, 12)):
+    # (and no wider than 3 vectors, whose 8 rows store words of 4 channels; 56 x 56 took
+    # 4 vectors of 6 rows before; 12 x 12 = 144 fills 3 whole ones)
+    assert dot.position_tile_cols(vnni) == 48 < dot.tile_cols(vnni)
+    for positions, want in ((784, 32), (196, 32), (56 * 56, 32), (144, 48), (49, 32),
+                            (12, 12)):
         nr = dot.tile_cols_for(vnni, positions)
         assert nr == want, positions
         if positions > 16:

@@ -34,7 +34,7 @@ from support.reference import onnxruntime_outputs
 # (target, signed activations, whether values take NCHW4c): AVX2 with
 # `int8-pairs=saturate` (s8 activations take the exact int16 pairs there, as onnxruntime's
 # products are exact for them); the int16 pairs read words of 2 k, so their convolutions
-# keep NCHW; VNNI's positions tiles (at most 2 vectors: 8 rows) store words
+# keep NCHW; VNNI's positions tiles (at most 3 vectors: 8 rows) store words
 # (kiln.kernels.int8.conv_tile.stores_words)
 CASES = [("llvm -mcpu=haswell -int8-pairs=saturate", False, True),
          ("c -mcpu=haswell -int8-pairs=saturate", False, True),
