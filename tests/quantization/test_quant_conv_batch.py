@@ -4,8 +4,9 @@ words and output outgrow the L2 runs the kernel of a chunk of samples (the large
 divisor of the batch that fits) on each chunk's slice, the chunks in parallel from
 `MIN_PARALLEL_CHUNKS` of them (each thread whole chunks, serial tiles); on VNNI a
 positions tile holds at least the profile's `int8_min_accumulators` (28 x 28 and 14 x 14
-outputs take two vectors, not one). Outputs equal onnxruntime's on the host's VNNI, on
-AVX-512BW without VNNI (`vpmaddwd` pairs), on AVX2 and on the c backend."""
+outputs take two vectors, not one) and at most its `int8_position_vectors`. Outputs
+equal onnxruntime's on the host's VNNI, on AVX-512BW without VNNI (`vpmaddwd` pairs), on
+AVX2 and on the c backend."""
 
 from __future__ import annotations
 
@@ -101,7 +102,11 @@ def test_vnni_positions_tiles_hold_enough_accumulators() -> None:
     (`vpmaddwd`, an add: no such chain) and AVX2 keep the least padding."""
     vnni = isa_for(Target("llvm -mcpu=znver4"))
     assert vnni.profile.int8_min_accumulators == 16
-    for positions, want in ((784, 32), (196, 32), (56 * 56, 64), (49, 64), (12, 12)):
+    # (and no wider than 3 vectors, whose 8 rows store words of 4 channels; 56 x 56 took
+    # 4 vectors of 6 rows before; 12 x 12 = 144 fills 3 whole ones)
+    assert dot.position_tile_cols(vnni) == 48 < dot.tile_cols(vnni)
+    for positions, want in ((784, 32), (196, 32), (56 * 56, 32), (144, 48), (49, 32),
+                            (12, 12)):
         nr = dot.tile_cols_for(vnni, positions)
         assert nr == want, positions
         if positions > 16:

@@ -38,12 +38,12 @@ TARGETS = ["llvm -mcpu=znver4", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
 
 
 # (name, input shape [C, H, W], output channels, kernel, stride, per-channel weights,
-# s8 activations, ReLU): 7 x 7 and 14 x 14 outputs; 56 channels leave the last panel
-# partial, 7 x 7 = 49 positions a partial row tile of most row counts. Per-channel layers
+# s8 activations, ReLU): 7 x 7 and 14 x 14 outputs; 120 channels leave the last panel
+# of 64 partial, 7 x 7 = 49 positions a partial row tile of most row counts. Per-channel layers
 # are QDQ convolutions; the per-tensor one a QLinearConv (onnxruntime's QDQ run of
 # per-tensor weights rounds a few outputs one quantum apart from its QLinearConv, with
 # either of kiln's tiles)
-LAYERS = [("a", (64, 7, 7), 56, 3, 1, True, False, True),
+LAYERS = [("a", (64, 7, 7), 120, 3, 1, True, False, True),
           ("b", (256, 28, 28), 128, 3, 2, True, True, True),
           ("c", (512, 7, 7), 64, 1, 1, False, True, False)]
 # and on the positions tile on every target (18 x 18 = 324 positions: a partial last
@@ -178,7 +178,7 @@ def test_exact_products_take_k_by_tap_where_channels_fill_words(
 
 def test_rule_keeps_position_tiles_where_positions_fill_the_lanes() -> None:
     isa = isa_for(Target("llvm -mcpu=znver4"))
-    # 56 x 56 = 3136 positions: 49 whole tiles of 64 lanes
+    # 56 x 56 = 3136 positions: 98 whole tiles of 32 lanes
     assert not choose_tile(isa, 56 * 56, 256, 64).channels_as_lanes
     # 7 x 7 = 49 positions padded to 64 lanes: a quarter of the work wasted otherwise
     tile = choose_tile(isa, 7 * 7, 512, 512 * 9)
@@ -245,9 +245,9 @@ def test_channel_tiles_of_a_dilated_unevenly_padded_convolution() -> None:
     target = "llvm -mcpu=znver4"
     if not host_runs(target):
         pytest.skip(f"this host lacks {target}'s features")
-    assert choose_tile(isa_for(Target(target)), 49, 56, 64 * 9).channels_as_lanes
+    assert choose_tile(isa_for(Target(target)), 49, 120, 64 * 9).channels_as_lanes
     rng = np.random.default_rng(7)
-    model = qlinear_conv_model((1, 64, 8, 8), 56, 3, 1, (2, 0, 1, 3), False, rng, dilation=2)
+    model = qlinear_conv_model((1, 64, 8, 8), 120, 3, 1, (2, 0, 1, 3), False, rng, dilation=2)
     x = rng.integers(0, 256, (1, 64, 8, 8)).astype(np.uint8)
     got = kiln.compile(from_onnx(model), target)["main"](x)
     np.testing.assert_array_equal(got, ort_session(model).run(None, {"x": x})[0])

@@ -34,12 +34,12 @@ from support.reference import onnxruntime_outputs
 # (target, signed activations, whether values take NCHW4c): AVX2 with
 # `int8-pairs=saturate` (s8 activations take the exact int16 pairs there, as onnxruntime's
 # products are exact for them); the int16 pairs read words of 2 k, so their convolutions
-# keep NCHW; VNNI's positions tiles of 6 rows would narrow to 4 to store words, so its
-# convolutions write NCHW (kiln.kernels.int8.conv_tile.stores_words)
+# keep NCHW; VNNI's positions tiles (at most 3 vectors: 8 rows) store words
+# (kiln.kernels.int8.conv_tile.stores_words)
 CASES = [("llvm -mcpu=haswell -int8-pairs=saturate", False, True),
          ("c -mcpu=haswell -int8-pairs=saturate", False, True),
          ("llvm -mcpu=haswell -int8-pairs=saturate", True, False),
-         ("llvm -mcpu=znver4", False, False),
+         ("llvm -mcpu=znver4", False, True),
          ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", False, False)]
 #: a batch of images: every layer's loops and views over the images
 BATCH = 3
@@ -89,7 +89,8 @@ def _chain(signed: bool, batch: int = 1) -> onnx.ModelProto:
     """x [batch, 16, 28, 28] -> 3x3 -> 1x1 (+ a 1x1 shortcut) -> residual add -> 3x3/2
     and 1x1/2 -> add -> 3x3 dilated 2 -> 3x3/2 -> 1x1 -> max pool (NCHW) -> 1x1 -> output
     (NCHW): on AVX2 the positions tile at 28 x 28 (in place, an im2col of phase planes),
-    the channels tile at 14 x 14 and 7 x 7 (in place, strided too)."""
+    the channels tile at 14 x 14 and 7 x 7 (in place, strided too); on VNNI the 1x1
+    layers at 28 x 28 (784 positions, no whole tiles of 32) on an im2col of words."""
     c = _Chain(signed)
     a = c.conv("x", 16, 16, 3)
     r = c.add(c.conv(a, 16, 32, 1), c.conv("x", 16, 32, 1))

@@ -39,6 +39,12 @@ class KernelProfile:
     #: (its width, kiln.kernels.int8.dot.tile_cols_for): a narrower tile's dot products
     #: wait on one another's latency.
     int8_min_accumulators: int = 0
+    #: The widest positions tile of the int8 convolution on VNNI, in vectors
+    #: (kiln.kernels.int8.dot.position_tile_cols; 0: as many as `dot.tile_cols`): 2 or 3
+    #: vectors hold 8 rows, a multiple of 4, so every positions tile stores its output
+    #: as words of 4 channels and the activations between convolutions stay in them
+    #: (kiln.transform.quant_layout); 4 vectors hold 6 rows, which would not.
+    int8_position_vectors: int = 0
     #: The fewest accumulators a tile of the bfloat16 NCHWc convolution holds on a layer
     #: that is not 1x1 (kiln.kernels.conv.bf16.bf16_tile): `vdpbf16ps` waits longer on
     #: its accumulator than a float32 multiply-add, and the float32 rule's 2 vectors x 6
@@ -57,6 +63,7 @@ PROFILES: dict[int, KernelProfile] = {
                        panel_copy_readers=2),
     512: KernelProfile(avx2_conv_rules=False, narrow_conv_rows=True, conv_k_blocking=True,
                        panel_copy_readers=40, int8_min_accumulators=16,
+                       int8_position_vectors=3,
                        bf16_min_accumulators=20,
                        bf16_winograd_min_outputs=64),
 }

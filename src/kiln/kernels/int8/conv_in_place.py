@@ -36,9 +36,15 @@ def in_place_width(x_shape: Sequence[int], begins: Sequence[int], ends: Sequence
 
 def in_place_pays(isa: ISA, spatial: Sequence[int], width: int) -> bool:
     """Whether a stride-1 convolution with output `spatial` on a grid `width` columns wide
-    runs in place (`in_place`) rather than on an im2col of words."""
-    nr = dot.tile_cols(isa)
+    runs in place (`in_place`) rather than on an im2col of words. Not on a grid as wide
+    as the output (an unpadded 1x1 layer) whose tiles leave a partial one (28 x 28 = 784
+    positions in tiles of 32): in place it would compute into a grid of whole tiles and
+    copy that into the output row by row, which costs more than its im2col, a copy of
+    the input's words in one contiguous loop per word."""
+    nr = dot.position_tile_cols(isa)
     grid = -(-spatial[0] * width // nr) * nr
+    if width == spatial[1] and grid != spatial[0] * width:
+        return False
     im2col = -(-int(np.prod(spatial)) // dot.tile_cols_for(isa, int(np.prod(spatial)))
                ) * dot.tile_cols_for(isa, int(np.prod(spatial)))
     return grid <= IN_PLACE_WASTE * im2col
@@ -68,7 +74,7 @@ def in_place(source: ConvInput, ww: Buffer, x_zp: Buffer, out: Buffer, out_words
     width = in_place_width(x_shape, begins, ends)
     shift = width - x_shape[3] - begins[1]
     # the widest tile: one vector broadcasts a weight word per accumulator and step
-    nr = min(dot.tile_cols(isa), rows_out * width)
+    nr = min(dot.position_tile_cols(isa), rows_out * width)
     tile = ConvTile(False, position_rows(isa, nr, oc_n, out_words), nr)
     cols = -(-rows_out * width // nr) * nr
     reach = cols - 1 + (ws[2] - 1) * dilations[0] * width + (ws[3] - 1) * dilations[1] + shift

@@ -170,7 +170,7 @@ def stores_words(call: Any, isa: ISA) -> bool:
     # static but for the batch (kiln.transform.quant_layout)
     dims = (0, *(cast(int, d) for d in out.shape[1:]))
     positions = int(np.prod(dims[2:]))
-    widths = {dot.tile_cols_for(dot_isa, positions), dot.tile_cols(dot_isa)}
+    widths = {dot.tile_cols_for(dot_isa, positions), dot.position_tile_cols(dot_isa)}
     return all(position_rows(dot_isa, nr, dims[1]) % qw.GROUP == 0 for nr in widths)
 
 

@@ -107,10 +107,20 @@ def tile_cols(isa: ISA) -> int:
     return isa.lanes("int32") * (4 if isa.vector_registers >= 32 else 2)
 
 
+def position_tile_cols(isa: ISA) -> int:
+    """Columns of the widest positions tile of a convolution (output positions as the
+    lanes): `tile_cols`, narrowed where one instruction accumulates (VNNI,
+    `EXACT_FAMILIES`) to the profile's `int8_position_vectors`."""
+    vectors = isa.profile.int8_position_vectors
+    if vectors and isa.int8_dot in EXACT_FAMILIES:
+        return min(tile_cols(isa), vectors * isa.lanes("int32"))
+    return tile_cols(isa)
+
+
 def tile_cols_for(isa: ISA, extent: int) -> int:
     """Columns of a register tile for `extent` columns in all (a convolution's output
     positions; its rows are output channels, a broadcast weight word each): the whole
-    vectors (up to `tile_cols`) that leave the fewest padded columns in the last tile
+    vectors (up to `position_tile_cols`) that leave the fewest padded columns in the last tile
     (14 x 14 = 196 output positions on AVX2: 25 tiles of one vector, 200, instead of 13
     of two, 208), the widest of equals; `extent` itself when it is below one vector.
     Where one instruction accumulates (VNNI, `EXACT_FAMILIES`), only widths whose tile
@@ -120,7 +130,7 @@ def tile_cols_for(isa: ISA, extent: int) -> int:
     lanes = isa.lanes("int32")
     if extent <= lanes:
         return extent
-    widths = list(range(tile_cols(isa), 0, -lanes))
+    widths = list(range(position_tile_cols(isa), 0, -lanes))
     if isa.int8_dot in EXACT_FAMILIES:
         enough = [nr for nr in widths if tile_rows(isa, nr) * (nr // lanes)
                   >= isa.profile.int8_min_accumulators]
