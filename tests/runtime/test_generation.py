@@ -198,6 +198,12 @@ def test_the_library_generates_from_plain_c(target: str, tmp_path: Path) -> None
         early = kiln.generate(loaded, PROMPT, STEPS, native=native,
                               on_token=lambda t: t[0] == greedy[0, 2])
         np.testing.assert_array_equal(early, greedy[:, :3])
+
+    def fail(tokens: np.ndarray) -> None:
+        raise ValueError(f"on_token failed at {tokens.tolist()}")
+
+    with pytest.raises(ValueError, match=rf"at \[{greedy[0, 0]}, "):  # raised through C
+        kiln.generate(loaded, PROMPT, STEPS, on_token=fail)
     done = run(-1, 0)
     assert done.returncode == 0, done.stderr
     np.testing.assert_array_equal(np.loadtxt(done.stdout.splitlines(), np.int64), greedy)

@@ -9,8 +9,10 @@ of the runtime.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -51,15 +53,16 @@ def c_loop(fn: Any, entry: Any, ids: np.ndarray, steps: int, stops: np.ndarray, 
     out = np.zeros((batch, max(steps, 1)), np.int64)
     done = ctypes.c_int64(0)
     raised: list[BaseException] = []
-    # No arguments: a NULL function pointer (no callback).
-    callback = (_token_callback(on_token, raised) if on_token is not None
-                else ctypes_abi.TOKEN_FUNC())
+    # A callback even without on_token: Python code each step runs the signal handlers
+    # (Ctrl-C stops the loop after a step, as it does the Python loop).
+    step, callback = _token_callback(on_token, raised)
     guard = fn.guard
     guard.enter(fn.name)
     try:
-        status = entry(prompt.ctypes.data, batch, prompt_len, steps,
-                       stops.ctypes.data if stops.size else None, int(stops.size), pad,
-                       out.ctypes.data, ctypes.byref(done), callback, None)
+        with _unraisable_into(step, raised):
+            status = entry(prompt.ctypes.data, batch, prompt_len, steps,
+                           stops.ctypes.data if stops.size else None, int(stops.size), pad,
+                           out.ctypes.data, ctypes.byref(done), callback, None)
         # Read on this thread, before close() may unload the library.
         message = (fn.last_error() or f"{fn.name}: generate failed with code {status}"
                    if status != 0 else "")
@@ -72,19 +75,44 @@ def c_loop(fn: Any, entry: Any, ids: np.ndarray, steps: int, stops: np.ndarray, 
     return out[:, :done.value].copy()
 
 
-def _token_callback(on_token: Callable[[np.ndarray], object],
-                    raised: list[BaseException]) -> Any:
-    """A KilnTokenFunc calling `on_token` with a copy of each step's tokens; what it
-    raises goes to `raised` and stops the loop (an exception cannot unwind through C)."""
+def _token_callback(on_token: Callable[[np.ndarray], object] | None,
+                    raised: list[BaseException]) -> tuple[Callable[..., int], Any]:
+    """The Python function and the KilnTokenFunc calling it, which calls `on_token` (if
+    any) with a copy of each step's tokens; what it raises goes to `raised` and stops
+    the loop (an exception cannot unwind through C)."""
 
     def step(tokens: Any, rows: int, _step: int, _user: Any) -> int:
+        if raised:  # caught by _unraisable_into at the last step's start
+            return 1
         try:
-            return 1 if on_token(np.ctypeslib.as_array(tokens, (rows,)).copy()) else 0
+            return 1 if on_token is not None and on_token(
+                np.ctypeslib.as_array(tokens, (rows,)).copy()) else 0
         except BaseException as exc:
             raised.append(exc)
             return 1
 
-    return ctypes_abi.TOKEN_FUNC(step)
+    return step, ctypes_abi.TOKEN_FUNC(step)
+
+
+@contextlib.contextmanager
+def _unraisable_into(step: Callable[..., int], raised: list[BaseException]) -> Iterator[None]:
+    """Keep what `step` raises before its `try` in `raised`: a signal handler (Ctrl-C's
+    KeyboardInterrupt) runs as the callback's frame starts, and ctypes reports such an
+    exception to sys.unraisablehook and returns 0 (go on) instead of raising it."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.object is step and unraisable.exc_value is not None:
+            raised.append(unraisable.exc_value)
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        if sys.unraisablehook is hook:  # unless someone replaced it meanwhile
+            sys.unraisablehook = previous
 
 
 __all__ = ["TOKEN_CALLBACK_VERSION", "c_generate_entry", "c_loop"]
