@@ -8,9 +8,11 @@
  * generate, the batch, a stop token (-1: none), the pad token, then the prompt's ids,
  * row after row (batch x prompt length). A decoder exported with its cache gets the entry
  * `{prefix}_generate_{fn}` (docs/abi.md, "Generation"): the loop of kiln.generate, greedy,
- * with the cache kept inside the library's call. Prints each row's new ids on a line; on
- * an error prints the library's message and exits 2. (examples/c_deploy/generate.c runs
- * the same loop by hand over the function's own entry.)
+ * with the cache kept inside the library's call. Each step's tokens stream to stderr as
+ * they are chosen (`step S: ID...`, one per row), through the entry's token callback;
+ * with STOP_AFTER=N in the environment the callback ends the loop after N steps. Prints
+ * each row's new ids on a line; on an error prints the library's message and exits 2.
+ * (examples/c_deploy/generate.c runs the same loop by hand over the function's own entry.)
  */
 #include <kiln/kiln.h>
 
@@ -30,8 +32,17 @@ static void *symbol(void *lib, const char *prefix, const char *name) {
   return sym;
 }
 
+/* The token callback: prints step `step`'s tokens; non-zero (stop) after `*user` steps. */
+static int32_t on_token(const int64_t *tokens, int64_t batch, int64_t step, void *user) {
+  int64_t r, stop_after = *(const int64_t *)user;
+  fprintf(stderr, "step %lld:", (long long)step);
+  for (r = 0; r < batch; ++r) fprintf(stderr, " %lld", (long long)tokens[r]);
+  fprintf(stderr, "\n");
+  return stop_after > 0 && step + 1 >= stop_after;
+}
+
 int main(int argc, char **argv) {
-  int64_t batch, n_ids, steps, stop, pad, done, i, j, *prompt, *out;
+  int64_t batch, n_ids, steps, stop, pad, done, stop_after, i, j, *prompt, *out;
   KilnGenerateFunc generate;
   KilnStringFunc last_error;
   char name[256];
@@ -45,6 +56,7 @@ int main(int argc, char **argv) {
   stop = strtoll(argv[6], NULL, 10);
   pad = strtoll(argv[7], NULL, 10);
   n_ids = argc - 8;
+  stop_after = getenv("STOP_AFTER") ? strtoll(getenv("STOP_AFTER"), NULL, 10) : 0;
   if (steps < 0 || batch < 1 || n_ids % batch != 0) {
     fprintf(stderr, "%lld ids do not make %lld rows\n", (long long)n_ids, (long long)batch);
     return 1;
@@ -65,7 +77,7 @@ int main(int argc, char **argv) {
   generate = (KilnGenerateFunc)symbol(lib, argv[2], name);
   last_error = (KilnStringFunc)symbol(lib, argv[2], "_last_error");
   if (generate(prompt, batch, n_ids / batch, steps, &stop, stop >= 0 ? 1 : 0, pad, out,
-               &done) != 0) {
+               &done, on_token, &stop_after) != 0) {
     fprintf(stderr, "%s\n", last_error());
     return 2;
   }

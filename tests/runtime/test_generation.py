@@ -11,6 +11,7 @@ Hugging Face's (`input_ids`, `attention_mask`, `position_ids`, `past_key_values.
 from __future__ import annotations
 
 import ctypes
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -169,27 +170,49 @@ def test_a_function_without_a_cache_is_refused_by_name() -> None:
 
 @pytest.mark.parametrize("target", ["llvm", "c"])
 def test_the_library_generates_from_plain_c(target: str, tmp_path: Path) -> None:
-    """A decoder's library has `{prefix}_generate_main` (the same loop, in C):
-    examples/c_deploy/generate_entry.c calls it; its tokens are kiln.generate's, with
-    and without a stop token, and a failed step's message reaches the program."""
+    """A decoder's library has `{prefix}_generate_main` (the same loop, in C), which
+    kiln.generate runs from Python and examples/c_deploy/generate_entry.c from C: its
+    tokens are the Python loop's and the reference's, with and without a stop token; its
+    token callback sees every step's tokens in order and may end the loop; a failed
+    step's message reaches the program."""
     model, w = _decoder(bias=False)
     lib = kiln.compile(kiln.frontend.from_onnx(model), target).export_library(
         tmp_path / "decoder.so")
     program = build_c_program(EXAMPLES / "generate_entry.c", tmp_path / "generate")
     loaded = kiln.runtime.load_module(lib)
 
-    def run(stop: int, pad: int, prompt: np.ndarray = PROMPT) -> subprocess.CompletedProcess:
+    def run(stop: int, pad: int, prompt: np.ndarray = PROMPT,
+            stop_after: int = 0) -> subprocess.CompletedProcess:
         return subprocess.run([str(program), str(lib), "kiln_", "main", str(STEPS),
                                str(len(prompt)), str(stop), str(pad),
-                               *map(str, prompt.reshape(-1))],
-                              capture_output=True, text=True, timeout=120)
+                               *map(str, prompt.reshape(-1))], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "STOP_AFTER": str(stop_after)})
 
-    greedy = kiln.generate(loaded, PROMPT, STEPS)
+    streamed: list[list[int]] = []
+    greedy = kiln.generate(loaded, PROMPT, STEPS, on_token=lambda t: streamed.append(t.tolist()))
     np.testing.assert_array_equal(greedy, _reference_greedy(w, np.zeros((1, D), np.float32),
                                                             STEPS))
+    assert streamed == greedy.T.tolist()
+    np.testing.assert_array_equal(kiln.generate(loaded, PROMPT, STEPS, native=False), greedy)
+    for native in (True, False):                    # on_token ends both loops alike
+        early = kiln.generate(loaded, PROMPT, STEPS, native=native,
+                              on_token=lambda t: t[0] == greedy[0, 2])
+        np.testing.assert_array_equal(early, greedy[:, :3])
+
+    def fail(tokens: np.ndarray) -> None:
+        raise ValueError(f"on_token failed at {tokens.tolist()}")
+
+    with pytest.raises(ValueError, match=rf"at \[{greedy[0, 0]}, "):  # raised through C
+        kiln.generate(loaded, PROMPT, STEPS, on_token=fail)
     done = run(-1, 0)
     assert done.returncode == 0, done.stderr
     np.testing.assert_array_equal(np.loadtxt(done.stdout.splitlines(), np.int64), greedy)
+    assert done.stderr.splitlines() == [f"step {k}: " + " ".join(map(str, col))
+                                        for k, col in enumerate(greedy.T.tolist())]
+    done = run(-1, 0, stop_after=4)
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.loadtxt(done.stdout.splitlines(), np.int64), greedy[:, :4])
+    assert len(done.stderr.splitlines()) == 4
     stop = int(greedy[0, 2])
     done = run(stop, -1)
     assert done.returncode == 0, done.stderr

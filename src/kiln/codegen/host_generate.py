@@ -8,7 +8,7 @@ gets a C entry that runs kiln.generate's greedy loop without Python:
     int32_t {prefix}_generate_{fn}(const int64_t* prompt, int64_t batch, int64_t prompt_len,
                                    int64_t max_new_tokens, const int64_t* stop_tokens,
                                    int32_t n_stop, int64_t pad_token, int64_t* out_ids,
-                                   int64_t* out_steps);
+                                   int64_t* out_steps, KilnTokenFunc on_token, void* user);
 
 The loop itself is kiln_generate.c (part of kiln_host.c, compiled in by
 KILN_HOST_GENERATE); this module writes the tables that describe the function's roles
@@ -45,7 +45,8 @@ def generate_entry(prefix: str, ns: str, name: str, layout: DecoderLayout) -> li
         f"static const int32_t {base}_presents[] = {{{ints(layout.presents)}}};",
         f"KILN_EXPORT int32_t {symbol}(const int64_t* prompt, int64_t batch,",
         "    int64_t prompt_len, int64_t max_new_tokens, const int64_t* stop_tokens,",
-        "    int32_t n_stop, int64_t pad_token, int64_t* out_ids, int64_t* out_steps) {",
+        "    int32_t n_stop, int64_t pad_token, int64_t* out_ids, int64_t* out_steps,",
+        "    kiln_host_token_fn on_token, void* user) {",
         f"  static const kiln_host_decoder decoder = {{{c_string_literal(name)},",
         f"      {entry_symbol(prefix, name)}, {output_shapes_symbol(prefix, name)},",
         f"      {len(layout.params)}, {len(layout.results)}, {base}_dtypes, {base}_ranks,",
@@ -53,7 +54,7 @@ def generate_entry(prefix: str, ns: str, name: str, layout: DecoderLayout) -> li
         f"      {layout.cache_position}, {layout.logits}, {len(layout.pasts)}, {base}_pasts,",
         f"      {base}_presents}};",
         "  return kiln_host_generate(&decoder, prompt, batch, prompt_len, max_new_tokens,",
-        "      stop_tokens, n_stop, pad_token, out_ids, out_steps);",
+        "      stop_tokens, n_stop, pad_token, out_ids, out_steps, on_token, user);",
         "}",
         "",
     ]

@@ -71,7 +71,10 @@ LIBRARY_FORMAT = "kiln.library"
 #   7 (2026-11-27): `"swap"` (`symbol`, `weight_symbol`) on a library with constants: the
 #     exported `{prefix}_swap_weights` and `{prefix}_swap_weight` (docs/abi.md, "Swapping
 #     weights"). Every key of version 6 is unchanged.
-LIBRARY_FORMAT_VERSION = 7
+#   8 (2026-11-28): `{prefix}_generate_{name}` takes a token callback and its user pointer
+#     after `out_steps` (KilnTokenFunc, docs/abi.md "Generation"); kiln.generate runs its
+#     greedy loop through it from this version on. Every key of version 7 is unchanged.
+LIBRARY_FORMAT_VERSION = 8
 
 
 # Longest system_lib_prefix: it starts every symbol of the library.

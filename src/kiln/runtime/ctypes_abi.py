@@ -57,6 +57,11 @@ class KilnValue(ctypes.Union):
                 ("v_handle", ctypes.c_void_p)]
 
 
+# KilnTokenFunc (kiln.h): a generation's per-step callback (tokens, batch, step, user).
+TOKEN_FUNC = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64,
+                              ctypes.c_int64, ctypes.c_void_p)
+
+
 # ---------------------------------------------------------------- the signature table
 # name -> (restype, argtypes). `packed` is every public entry `{prefix}name`.
 SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
@@ -87,6 +92,12 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rehash_weights": (ctypes.c_int64, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32]),
     # {prefix}_const_slots(&count): the table of constant addresses (const_table.c).
     "const_slots": (ctypes.c_void_p, [ctypes.POINTER(ctypes.c_uint32)]),
+    # {prefix}_generate_{fn}(prompt, batch, prompt_len, max_new, stops, n_stop, pad, out,
+    # &steps, on_token, user): the greedy loop in C (kiln_generate.c, KilnGenerateFunc).
+    "generate": (ctypes.c_int32,
+                 [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                  ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p,
+                  ctypes.POINTER(ctypes.c_int64), TOKEN_FUNC, ctypes.c_void_p]),
 }
 
 

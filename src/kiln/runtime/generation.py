@@ -8,7 +8,9 @@ Face-style exports, onnxruntime-genai's builder) is one function
 whose `past_*` inputs carry one symbolic axis, the cached length. `generate` finds each
 role from the function's signature (by name, docs/llm.md), starts from an empty cache
 (the cached length 0), and feeds each step's `present_*` back as the next `past_*`. The
-loop is numpy only, so a deploy host generates from a loaded library without the compiler.
+loop is numpy only, so a deploy host generates from a loaded library without the compiler;
+greedy generation from a library that has its own loop in C runs that one instead
+(kiln.runtime.generation_c), with the same tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError, UsageError
+from kiln.runtime.generation_c import c_generate_entry, c_loop
 
 # Input names (lower case) that carry a role: what Hugging Face, torch exports and
 # onnxruntime-genai's builder write.
@@ -204,19 +207,23 @@ def generate(lib: Any, input_ids: Any, max_new_tokens: int, *,
              do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
              stop_tokens: Sequence[int] = (), pad_token: int | None = None,
-             inputs: Mapping[str, Any] | None = None, function: str = "main") -> np.ndarray:
+             inputs: Mapping[str, Any] | None = None, function: str = "main",
+             native: bool = True) -> np.ndarray:
     """Generate up to `max_new_tokens` tokens after each row of `input_ids`.
 
     `lib` is an Executable, a loaded module (`kiln.runtime.load_module`) or one of their
     functions: a decoder with past key/values (module docstring). `input_ids` is an int
     array [batch, prompt]. The first call runs the whole prompt from an empty cache (one
     prefill), each later call one token per row. `on_token(tokens)` receives each step's
-    tokens ([batch] int64) as they are chosen. Greedy unless `do_sample` (then
+    tokens ([batch] int64) as they are chosen; a true result ends the loop after that
+    step. Greedy unless `do_sample` (then
     `temperature`, `top_k`, `top_p`, with a numpy generator seeded by `seed`);
     `repetition_penalty` applies to both. A row that produced one of `stop_tokens` is
     finished and continues with `pad_token` (default: the first stop token); the loop ends
     when every row is finished. `inputs` gives the decoder's other inputs, the same at every
-    step (an encoder's hidden states). Returns the new tokens, int64 [batch, steps].
+    step (an encoder's hidden states). Greedy generation from a library with its own loop
+    (`{prefix}_generate_{fn}`, docs/llm.md) runs that loop, calling `on_token` from C;
+    `native=False` keeps the loop in Python. Returns the new tokens, int64 [batch, steps].
     """
     sampling = Sampling(do_sample, float(temperature), int(top_k), float(top_p),
                         float(repetition_penalty))
@@ -239,6 +246,10 @@ def generate(lib: Any, input_ids: Any, max_new_tokens: int, *,
     ids = ids.astype(roles.ids["dtype"])
     stops = np.asarray(list(stop_tokens), np.int64)
     pad = int(pad_token if pad_token is not None else (stops[0] if stops.size else 0))
+    greedy = not sampling.do_sample and sampling.repetition_penalty == 1.0
+    entry = c_generate_entry(fn) if native and greedy and not fixed else None
+    if entry is not None:
+        return c_loop(fn, entry, ids, int(max_new_tokens), stops, pad, on_token)
     return _loop(fn, roles, ids, int(max_new_tokens), fixed, sampling,
                  np.random.default_rng(seed), stops, pad, on_token)
 
@@ -265,9 +276,7 @@ def _loop(fn: Any, roles: DecoderRoles, ids: np.ndarray, steps: int, fixed: Mapp
         tokens = np.where(finished, pad, tokens).astype(np.int64)
         finished |= np.isin(tokens, stops)
         new.append(tokens)
-        if on_token is not None:
-            on_token(tokens.copy())
-        if finished.all():
+        if (on_token is not None and on_token(tokens.copy())) or finished.all():
             break
         seen = np.concatenate([seen, tokens[:, None]], axis=1)
         step_ids = tokens[:, None].astype(roles.ids["dtype"])

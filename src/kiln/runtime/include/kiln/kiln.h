@@ -137,17 +137,27 @@ typedef int32_t (*KilnOutputShapesFunc)(const KilnValue *args, const int32_t *ty
                                         int32_t num_args, int64_t *shapes);
 
 /*
+ * A generation's token callback: step `step`'s (from 0) chosen token of each of the
+ * `batch` rows (`tokens`, valid during the call only), and the caller's `user` pointer.
+ * Returning non-zero ends the generation after this step.
+ */
+typedef int32_t (*KilnTokenFunc)(const int64_t *tokens, int64_t batch, int64_t step,
+                                 void *user);
+
+/*
  * `{prefix}_generate_{name}` of a decoder function with a key/value cache (docs/abi.md,
  * "Generation"): greedy generation of up to `max_new_tokens` tokens after each row of
  * `prompt` (int64 [batch, prompt_len]) into `out_ids` (int64 [batch, max_new_tokens]);
  * `*out_steps` is the number generated per row. A row that produced one of the `n_stop`
- * `stop_tokens` continues with `pad_token`; the loop ends when every row has. Returns 0,
- * or non-zero with the message in `{prefix}_last_error()`.
+ * `stop_tokens` continues with `pad_token`; the loop ends when every row has. `on_token`
+ * (NULL: none) is called with each step's tokens as they are chosen, on the calling
+ * thread, with `user`; a non-zero return ends the loop early (still a success). Returns
+ * 0, or non-zero with the message in `{prefix}_last_error()`.
  */
 typedef int32_t (*KilnGenerateFunc)(const int64_t *prompt, int64_t batch, int64_t prompt_len,
                                     int64_t max_new_tokens, const int64_t *stop_tokens,
                                     int32_t n_stop, int64_t pad_token, int64_t *out_ids,
-                                    int64_t *out_steps);
+                                    int64_t *out_steps, KilnTokenFunc on_token, void *user);
 
 /*
  * `{prefix}_swap_weights` of a library with constants (docs/abi.md, "Swapping weights"):

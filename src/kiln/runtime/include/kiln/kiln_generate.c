@@ -15,6 +15,9 @@ typedef int32_t (*kiln_host_packed_fn)(const KilnValue* args, const int32_t* typ
     int32_t num_args);
 typedef int32_t (*kiln_host_shapes_fn)(const KilnValue* args, const int32_t* type_codes,
     int32_t num_args, int64_t* shapes);
+/* kiln.h's KilnTokenFunc: step `step`'s tokens, one per row; nonzero ends the loop. */
+typedef int32_t (*kiln_host_token_fn)(const int64_t* tokens, int64_t batch, int64_t step,
+    void* user);
 
 /* The most dimensions of a decoder's argument, and what a parameter's dimension is
    when it is not a fixed size (kiln_host_decoder.dims). */
@@ -303,11 +306,14 @@ static int32_t kiln_host_gen_start(const kiln_host_decoder* d, kiln_host_gen_sta
 
 /* Greedy generation (the entry `{prefix}_generate_{fn}`): up to `max_new` tokens after
    each of the `batch` rows of `prompt` ([batch, prompt_len] int64), written to `out`
-   ([batch, max_new] int64; *steps the tokens generated per row). Returns 0, or the
-   failed call's status with its message in `{prefix}_last_error`. */
+   ([batch, max_new] int64; *steps the tokens generated per row). `on_token`, if not
+   NULL, gets each step's tokens ([batch], valid during the call) after they are written
+   to `out`; a nonzero return ends the loop after that step. Returns 0, or the failed
+   call's status with its message in `{prefix}_last_error`. */
 static KILN_UNUSED int32_t kiln_host_generate(const kiln_host_decoder* d,
     const int64_t* prompt, int64_t batch, int64_t prompt_len, int64_t max_new,
-    const int64_t* stops, int32_t n_stop, int64_t pad, int64_t* out, int64_t* steps) {
+    const int64_t* stops, int32_t n_stop, int64_t pad, int64_t* out, int64_t* steps,
+    kiln_host_token_fn on_token, void* user) {
   kiln_host_gen_state s;
   int64_t cached = 0, step_new = prompt_len, step;
   int32_t status;
@@ -333,7 +339,8 @@ static KILN_UNUSED int32_t kiln_host_generate(const kiln_host_decoder* d,
       *steps = step + 1;
       cached += step_new;
       step_new = 1;
-      if (done == batch) {
+      /* s.step_ids holds this step's token of each row (kiln_host_gen_choose). */
+      if ((on_token != NULL && on_token(s.step_ids, batch, step, user) != 0) || done == batch) {
         break;
       }
     }
