@@ -334,17 +334,14 @@ def nesting_depth(node: object) -> int:
         roots = list(node.functions.values())
     else:
         roots = [node]
+    # level by level: the depth is the number of levels (no depth kept per node)
+    level = [c for root in roots
+             for c in (_depth_children(root) if isinstance(root, (t.PrimFunc, g.Function))
+                       else (root,))]
     deepest = 0
-    stack: list[tuple[object, int]] = []
-    for root in roots:
-        if isinstance(root, (t.PrimFunc, g.Function)):
-            stack.extend((c, 1) for c in _depth_children(root))
-        else:
-            stack.append((root, 1))
-        while stack:
-            x, d = stack.pop()
-            deepest = max(deepest, d)
-            stack.extend((c, d + 1) for c in _depth_children(x))
+    while level:
+        deepest += 1
+        level = [c for x in level for c in _depth_children(x)]
     return deepest
 
 
@@ -459,11 +456,22 @@ class StmtMutator:
 
     def generic_visit(self, node: _N) -> _N:
         """`node` with its children rewritten (the default of every `visit_<node>`)."""
+        return self._rewrite_fields(node, (EXPR, BUFFER, VAR_DEF, BUFFER_DEF))
+
+    def _rewrite_fields(self, node: _N, keep: tuple[str, ...]) -> _N:
+        """`node` with its fields rewritten but those of the roles in `keep` (itself
+        when none changed: `_rewrite` returns an unchanged value as it is)."""
+        fields = _fields_of(node)
         new: dict[str, Any] = {}
-        for name, role in _fields_of(node).walk:
-            if role == STMT:
-                new[name] = self._rewrite(getattr(node, name), role)
-        return _rebuild(node, new)
+        for name, role in fields.walk:
+            if role not in keep:
+                old = getattr(node, name)
+                value = self._rewrite(old, role)
+                if value is not old:
+                    new[name] = value
+        if not new:
+            return node
+        return type(node)(*(new.get(n, getattr(node, n)) for n in fields.names))
 
     def _rewrite(self, value: Any, role: str) -> Any:
         if isinstance(value, tuple):  # the same tuple when no item changed
@@ -512,11 +520,7 @@ class StmtExprMutator(StmtMutator):
         return b
 
     def generic_visit(self, node: _N) -> _N:
-        new: dict[str, Any] = {}
-        for name, role in _fields_of(node).walk:
-            if role != VAR_DEF:
-                new[name] = self._rewrite(getattr(node, name), role)
-        return _rebuild(node, new)
+        return self._rewrite_fields(node, (VAR_DEF,))
 
     def _rewrite(self, value: Any, role: str) -> Any:
         if isinstance(value, tuple):  # the same tuple when no item changed
