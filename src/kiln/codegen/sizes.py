@@ -20,7 +20,7 @@ from kiln.ir.attrs import ATTR_PARALLEL_OF
 from kiln.ir.module import IRModule
 from kiln.ir.outlined import is_loop_body, kernel_funcs
 from kiln.ir.tensor import Allocate, AllocConst, Buffer, DeclBuffer
-from kiln.ir.visitor import iter_nodes
+from kiln.ir.visitor import iter_stmts
 
 # Architectures (the first part of a triple) whose pointers are 64 bits wide;
 # every other one kiln targets (arm, thumb*, riscv32, i686, wasm32, ...) has 32.
@@ -69,7 +69,8 @@ def check_buffer_sizes(mod: IRModule, pointer_bits: int) -> None:
         buffers: list[tuple[str, Buffer]] = [("parameter", p) for p in fn.params
                                              if isinstance(p, Buffer)]
         mine = [b.body for b in bodies if b.attrs[ATTR_PARALLEL_OF] == name]
-        for node in (n for body in (fn.body, *mine) for n in iter_nodes(body)):
+        # only statements bind buffers: the expressions need no walk
+        for node in (n for body in (fn.body, *mine) for n in iter_stmts(body)):
             if isinstance(node, Allocate):
                 buffers.append(("workspace", node.buffer))
             elif isinstance(node, AllocConst):

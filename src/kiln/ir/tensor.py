@@ -555,7 +555,8 @@ FOR_KINDS = ("serial", "parallel", "vectorized", "vector", "unrolled", "scalar",
              "thread_x")
 
 
-@dataclass(frozen=True, eq=False, slots=True)
+# weakref_slot: analyses of a loop are cached for the loop's lifetime (IdentityCache)
+@dataclass(frozen=True, eq=False, slots=True, weakref_slot=True)
 class For(Stmt):
     """`for var in range(start, start + extent)`; `kind` is a scheduling annotation."""
 

@@ -53,7 +53,13 @@ from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.printer import NodeText, print_function
 from kiln.ir.shape_expr import graph_dims, shape_text
 from kiln.ir.types import TensorType, TupleType, Type
-from kiln.ir.visitor import StmtExprVisitor, check_nesting, graph_children
+from kiln.ir.visitor import (
+    StmtExprVisitor,
+    check_nesting,
+    definitions,
+    graph_children,
+    iter_stmts,
+)
 
 __all__ = ["STACK_LIMIT_BYTES", "verify"]
 
@@ -181,18 +187,10 @@ class _Scopes:
             self.ended[id(node)] = what
 
 
-class _DefCollector(StmtExprVisitor):
-    def __init__(self) -> None:
-        self.ids: set[int] = set()
-        self._keep: list[object] = []
-
-    def visit_var_def(self, v: t.Var) -> None:
-        self.ids.add(id(v))
-        self._keep.append(v)
-
-    def visit_buffer_def(self, b: t.Buffer) -> None:
-        self.ids.add(id(b))
-        self._keep.append(b)
+def _defined_in(body: t.Stmt) -> list[t.Var | t.Buffer]:
+    """The variables and buffers bound under `body` (only statements bind: expressions
+    need no walk)."""
+    return [d for s in iter_stmts(body) for d in definitions(s)]
 
 
 class _PrimFuncVerifier(StmtExprVisitor):
@@ -205,10 +203,8 @@ class _PrimFuncVerifier(StmtExprVisitor):
         self.where: list[object] = [fn]
         # Declarations of each open block, ended when the block ends.
         self.blocks: list[list[t.Buffer | t.Var]] = []
-        collector = _DefCollector()
-        collector.visit_stmt(fn.body)
-        self.defined_later = collector.ids
-        self._keep = collector._keep
+        self._keep = _defined_in(fn.body)
+        self.defined_later = {id(d) for d in self._keep}
 
     def fault(self, message: str, node: object = None) -> NoReturn:
         raise _Fault(message, node, self.where[-1])

@@ -34,6 +34,7 @@ Method names are `visit_` + the node class name in snake case: `visit_binary_op`
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 import types
 import typing
@@ -80,6 +81,15 @@ class ChildFields:
     # of()'s answers: every walk asks the same few role sets, per node, many times
     _of: dict[tuple[str, ...], tuple[str, ...]] = field(
         default_factory=dict, compare=False, repr=False)
+    # The role sets the walkers below ask of every node, looked up once per class.
+    exprs: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    stmts: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    nodes: tuple[str, ...] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "exprs", self.of(EXPR))
+        object.__setattr__(self, "stmts", self.of(STMT))
+        object.__setattr__(self, "nodes", self.of(EXPR, STMT))
 
     def of(self, *roles: str) -> tuple[str, ...]:
         """The fields of `walk` whose role is one of `roles`, in walking order."""
@@ -128,15 +138,20 @@ def child_fields(cls: type) -> ChildFields:
     """The child fields of node class `cls`, derived from its annotations (cached)."""
     found = _FIELDS.get(cls)
     if found is None:
-        found = ChildFields((), ())
-        if dataclasses.is_dataclass(cls):
-            hints = typing.get_type_hints(cls)
-            names = tuple(f.name for f in dataclasses.fields(cls))
-            roles = [(n, _role(cls, n, hints[n])) for n in names]
-            walk = sorted(((n, r) for n, r in roles if r is not None),
-                          key=lambda nr: _RANK[nr[1]])
-            found = ChildFields(tuple(walk), names)
-        _FIELDS[cls] = found
+        found = _derive_fields(cls)
+    return found
+
+
+def _derive_fields(cls: type) -> ChildFields:
+    found = ChildFields((), ())
+    if dataclasses.is_dataclass(cls):
+        hints = typing.get_type_hints(cls)
+        names = tuple(f.name for f in dataclasses.fields(cls))
+        roles = [(n, _role(cls, n, hints[n])) for n in names]
+        walk = sorted(((n, r) for n, r in roles if r is not None),
+                      key=lambda nr: _RANK[nr[1]])
+        found = ChildFields(tuple(walk), names)
+    _FIELDS[cls] = found
     return found
 
 
@@ -152,18 +167,28 @@ def _values(node: object, names: tuple[str, ...]) -> list[Any]:
     return out
 
 
+def _kinds_in(node: object, names: tuple[str, ...], kinds: type | tuple[type, ...]) -> list[Any]:
+    """The values of fields `names` (tuples flattened) that are instances of `kinds`:
+    `_values` filtered, in one pass, for the walks that run once per node."""
+    out: list[Any] = []
+    for name in names:
+        value = getattr(node, name)
+        if isinstance(value, tuple):
+            out += [x for x in value if isinstance(x, kinds)]
+        elif isinstance(value, kinds):
+            out.append(value)
+    return out
+
+
 def _rebuild(node: _N, new: dict[str, Any]) -> _N:
     """`node` with the fields in `new` replaced (itself when none changed)."""
-    changed = False
     for name, value in new.items():
         old = getattr(node, name)
-        if isinstance(value, tuple):
-            changed = changed or not _same(value, old)
-        else:
-            changed = changed or value is not old
-    if not changed:
+        if value is not old and not (isinstance(value, tuple) and _same(value, old)):
+            break
+    else:
         return node
-    return type(node)(*(new.get(n, getattr(node, n)) for n in child_fields(type(node)).names))
+    return type(node)(*(new.get(n, getattr(node, n)) for n in _fields_of(node).names))
 
 
 def _method_name(cls: type) -> str:
@@ -195,21 +220,26 @@ def _dispatch(obj: object, node: object, kind: str) -> Any:
 
 
 def _same(a: Sequence[object], b: Sequence[object]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 # --------------------------------------------------------------------------- tensor level
 
 
+def _fields_of(node: object) -> ChildFields:
+    # child_fields without its call: this runs once per node of every walk
+    return _FIELDS.get(type(node)) or _derive_fields(type(node))
+
+
 def expr_children(node: t.PrimExpr | t.Stmt) -> tuple[t.PrimExpr | t.Buffer, ...]:
     """Expression operands of an expression or statement (Load indices, call arguments,
     a Store's value and indices, loop bounds...); call arguments may be buffers."""
-    return tuple(_values(node, child_fields(type(node)).of(EXPR)))
+    return tuple(_values(node, _fields_of(node).exprs))
 
 
 def stmt_children(s: t.Stmt) -> tuple[t.Stmt, ...]:
     """The statements directly inside `s` (a loop's body, a sequence's items...)."""
-    return tuple(_values(s, child_fields(type(s)).of(STMT)))
+    return tuple(_values(s, _fields_of(s).stmts))
 
 
 def operands(node: t.PrimExpr | t.Stmt) -> tuple[t.PrimExpr | t.Buffer, ...]:
@@ -238,12 +268,16 @@ def iter_exprs(*exprs: t.PrimExpr) -> Iterator[t.PrimExpr]:
     while stack:
         e = stack.pop()
         yield e
-        stack.extend(c for c in reversed(expr_children(e)) if isinstance(c, t.PrimExpr))
+        kids = _kinds_in(e, _fields_of(e).exprs, t.PrimExpr)
+        kids.reverse()
+        stack += kids
+
+
+_NODE_KINDS = (t.PrimExpr, t.Stmt)
 
 
 def _node_children(node: object) -> list[t.Stmt | t.PrimExpr]:
-    return [c for c in _values(node, child_fields(type(node)).of(EXPR, STMT))
-            if isinstance(c, (t.PrimExpr, t.Stmt))]
+    return _kinds_in(node, _fields_of(node).nodes, _NODE_KINDS)
 
 
 def iter_nodes(root: t.Stmt | t.PrimExpr) -> Iterator[t.Stmt | t.PrimExpr]:
@@ -253,7 +287,9 @@ def iter_nodes(root: t.Stmt | t.PrimExpr) -> Iterator[t.Stmt | t.PrimExpr]:
     while stack:
         x = stack.pop()
         yield x
-        stack.extend(reversed(_node_children(x)))
+        kids = _node_children(x)
+        kids.reverse()
+        stack += kids
 
 
 def pre_order_visit(node: t.Stmt | t.PrimExpr | t.PrimFunc,
@@ -278,14 +314,14 @@ MAX_NESTING = 150
 
 
 def _depth_children(x: object) -> list[object]:
+    if isinstance(x, _NODE_KINDS):  # the common case first
+        return list(_node_children(x))
     if isinstance(x, g.Function):
         return [*(b.value for b in x.bindings), x.result]
     if isinstance(x, g.Expr):
         return list(graph_children(x))
     if isinstance(x, t.PrimFunc):
         return [x.body]
-    if isinstance(x, (t.Stmt, t.PrimExpr)):
-        return list(_node_children(x))
     return []
 
 
@@ -298,17 +334,14 @@ def nesting_depth(node: object) -> int:
         roots = list(node.functions.values())
     else:
         roots = [node]
+    # level by level: the depth is the number of levels (no depth kept per node)
+    level = [c for root in roots
+             for c in (_depth_children(root) if isinstance(root, (t.PrimFunc, g.Function))
+                       else (root,))]
     deepest = 0
-    stack: list[tuple[object, int]] = []
-    for root in roots:
-        if isinstance(root, (t.PrimFunc, g.Function)):
-            stack.extend((c, 1) for c in _depth_children(root))
-        else:
-            stack.append((root, 1))
-        while stack:
-            x, d = stack.pop()
-            deepest = max(deepest, d)
-            stack.extend((c, d + 1) for c in _depth_children(x))
+    while level:
+        deepest += 1
+        level = [c for x in level for c in _depth_children(x)]
     return deepest
 
 
@@ -380,7 +413,7 @@ class StmtExprVisitor(StmtVisitor):
         pass
 
     def generic_visit(self, node: t.Stmt | t.PrimExpr) -> None:
-        for name, role in child_fields(type(node)).walk:
+        for name, role in _fields_of(node).walk:
             value = getattr(node, name)
             for x in value if isinstance(value, tuple) else (value,):
                 if x is None or isinstance(x, int):  # an int byte offset: no node
@@ -423,15 +456,27 @@ class StmtMutator:
 
     def generic_visit(self, node: _N) -> _N:
         """`node` with its children rewritten (the default of every `visit_<node>`)."""
+        return self._rewrite_fields(node, (EXPR, BUFFER, VAR_DEF, BUFFER_DEF))
+
+    def _rewrite_fields(self, node: _N, keep: tuple[str, ...]) -> _N:
+        """`node` with its fields rewritten but those of the roles in `keep` (itself
+        when none changed: `_rewrite` returns an unchanged value as it is)."""
+        fields = _fields_of(node)
         new: dict[str, Any] = {}
-        for name, role in child_fields(type(node)).walk:
-            if role == STMT:
-                new[name] = self._rewrite(getattr(node, name), role)
-        return _rebuild(node, new)
+        for name, role in fields.walk:
+            if role not in keep:
+                old = getattr(node, name)
+                value = self._rewrite(old, role)
+                if value is not old:
+                    new[name] = value
+        if not new:
+            return node
+        return type(node)(*(new.get(n, getattr(node, n)) for n in fields.names))
 
     def _rewrite(self, value: Any, role: str) -> Any:
-        if isinstance(value, tuple):
-            return tuple(self._rewrite(x, role) for x in value)
+        if isinstance(value, tuple):  # the same tuple when no item changed
+            items = tuple([self._rewrite(x, role) for x in value])
+            return value if _same(items, value) else items
         if value is None:
             return None
         return self.visit_stmt(value)
@@ -475,15 +520,12 @@ class StmtExprMutator(StmtMutator):
         return b
 
     def generic_visit(self, node: _N) -> _N:
-        new: dict[str, Any] = {}
-        for name, role in child_fields(type(node)).walk:
-            if role != VAR_DEF:
-                new[name] = self._rewrite(getattr(node, name), role)
-        return _rebuild(node, new)
+        return self._rewrite_fields(node, (VAR_DEF,))
 
     def _rewrite(self, value: Any, role: str) -> Any:
-        if isinstance(value, tuple):
-            return tuple(self._rewrite(x, role) for x in value)
+        if isinstance(value, tuple):  # the same tuple when no item changed
+            items = tuple([self._rewrite(x, role) for x in value])
+            return value if _same(items, value) else items
         if value is None or isinstance(value, int):
             return value
         if isinstance(value, t.Buffer):
@@ -569,7 +611,7 @@ class _FreshCopy(StmtExprMutator):
 
     def generic_visit(self, node: _N) -> _N:
         new: dict[str, object] = {}
-        for name, role in child_fields(type(node)).walk:
+        for name, role in _fields_of(node).walk:
             value = getattr(node, name)
             new[name] = (self.vars.get(value, value) if role == VAR_DEF
                          else self._rewrite(value, role))
@@ -593,7 +635,7 @@ def fresh_copy(s: t.Stmt) -> t.Stmt:
 
 def graph_children(e: g.Expr) -> tuple[g.Expr, ...]:
     """Direct operands of a graph expression."""
-    return tuple(_values(e, child_fields(type(e)).of(EXPR)))
+    return tuple(_values(e, _fields_of(e).exprs))
 
 
 class GraphVisitor:
@@ -661,7 +703,7 @@ class GraphMutator:
     def generic_visit(self, e: g.Expr) -> g.Expr:
         """`e` with its operands rewritten (itself when none changed)."""
         new: dict[str, Any] = {}
-        for name in child_fields(type(e)).of(EXPR):
+        for name in _fields_of(e).exprs:
             value = getattr(e, name)
             if value is None:  # an absent optional operand (a Loop's trip count)
                 continue

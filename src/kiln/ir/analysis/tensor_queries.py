@@ -10,6 +10,8 @@ prototype.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from kiln.ir.tensor import (
     PROFILE_INTRINSICS,
     Allocate,
@@ -24,7 +26,7 @@ from kiln.ir.tensor import (
     Store,
     Var,
 )
-from kiln.ir.visitor import iter_nodes
+from kiln.ir.visitor import iter_nodes, iter_stmts
 
 Node = PrimExpr | Stmt
 
@@ -76,17 +78,23 @@ def has_side_effects(expr: PrimExpr) -> bool:
                for n in iter_nodes(expr))
 
 
+def _statements(root: Node) -> Iterator[Stmt]:
+    """The statements under `root` in order: for a query about statements only, the
+    expressions (most of the nodes) need no walk."""
+    return iter_stmts(root) if isinstance(root, Stmt) else iter(())
+
+
 def heap_allocations(root: Node) -> list[Allocate]:
     """Every `global` (heap) Allocate under `root`, each buffer once, in order."""
     seen: dict[Buffer, Allocate] = {}
-    for node in iter_nodes(root):
+    for node in _statements(root):
         if isinstance(node, Allocate) and node.buffer.scope == "global":
             seen.setdefault(node.buffer, node)
     return list(seen.values())
 
 
 def calls(root: Node) -> list[CallFunc]:
-    return [n for n in iter_nodes(root) if isinstance(n, CallFunc)]
+    return [n for n in _statements(root) if isinstance(n, CallFunc)]
 
 
 def extern_calls(root: Node) -> list[CallExtern]:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from kiln.ir.affine import constant_offset, flat_coefficient, mentions
 from kiln.ir.dtype import itemsize as dtype_bytes
+from kiln.ir.identity_cache import IdentityCache
 from kiln.ir.tensor import (
     DOT2_BF16,
     DOT4_INTRINSICS,
@@ -127,6 +128,10 @@ class VectorBody:
     def fail(self, why: str) -> bool:
         self.fault = self.fault or why
         return False
+
+    def forget_lanes(self) -> None:
+        """Drop the per-node answers of the walk (it is done), keeping its findings."""
+        self._varying.clear()
 
     def lane_invariant(self, e: PrimExpr) -> bool:
         return not self._varies(e)
@@ -329,13 +334,23 @@ def vector_shape_fault(loop: For) -> str | None:
     return body.fault or None
 
 
+# A loop is immutable, so its walk holds while it lives: verify (after several passes),
+# vectorize-loops and the backends ask about the same loops.
+_WALKS: IdentityCache[For, VectorBody] = IdentityCache()
+
+
 def _walked(loop: For) -> VectorBody | None:
-    """`loop`'s body walked once, or None when its extent is no vector length."""
+    """`loop`'s body walked (once per loop), or None when its extent is no vector length."""
     if not isinstance(loop.extent, Const) or not 2 <= int(loop.extent.value) <= MAX_LANES:
         return None
+    return _WALKS.get_or_compute(loop, _walk)
+
+
+def _walk(loop: For) -> VectorBody:
     body = VectorBody(loop.var)
     if not body.stmt(loop.body):
         body.fault = body.fault or "the body is not straight-line vector code"
+    body.forget_lanes()
     return body
 
 
@@ -360,9 +375,9 @@ def long_loop_vectorizable(loop: For, private: set[Buffer], readonly: set[Buffer
     pieces of at most MAX_LANES lanes (kiln.transform.vectorize_loops, `strip_mined`)."""
     if not isinstance(loop.extent, Const) or int(loop.extent.value) <= MAX_LANES:
         return False
-    body = _walked(For(loop.var, loop.start, Const(MAX_LANES, loop.var.dtype), loop.kind,
-                       loop.body))
-    if body is None or body.fault or body.written & readonly:
+    body = _walk(For(loop.var, loop.start, Const(MAX_LANES, loop.var.dtype), loop.kind,
+                     loop.body))
+    if body.fault or body.written & readonly:
         return False
     return body.independent(int(loop.extent.value), private)
 
