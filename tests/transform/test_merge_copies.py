@@ -164,3 +164,18 @@ def test_heads_over_a_symbolic_batch_match_onnxruntime(
         x = RNG.normal(size=(batch, seq, 12)).astype(np.float32)
         (want,) = onnxruntime_outputs(model, {"x": x})
         np.testing.assert_array_equal(heads_lib(x), want)
+
+
+def test_unary_op_between_conv1d_views_reads_the_convolution() -> None:
+    """A Conv1d is a 2-D convolution between views (kiln.frontend.onnx.converters.nn): the
+    ReLU after the first one and the view into the second cancel, and the last ReLU moves
+    before its view, which merges with the Transpose into one copy."""
+    gb = GraphBuilder()
+    y = gb.input("x", (1, 4, 6))
+    for _ in range(2):
+        w = RNG.standard_normal((4, 4, 3)).astype(np.float32)
+        y = gb.op("Relu", gb.op("Conv", y, gb.const(w), pads=[1, 1]))
+    gb.node("Transpose", [y], ["out"], perm=[0, 2, 1])
+    gb.output("out", (1, 6, 4))
+    ops = [op for op, _ in _ops(gb.model())]
+    assert ops == ["reshape", "conv2d", "relu", "conv2d", "relu", "reshape_transpose"]

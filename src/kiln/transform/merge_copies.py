@@ -19,6 +19,12 @@ writes the whole tensor. Two patterns cost most of them:
 A grouped-query attention's head expansion read by a product is read in place instead
 (kiln.transform.grouped_heads).
 
+A unary elementwise op between two reshapes that undo each other (Whisper's Conv1d, a
+2-D convolution of height 1 between views, then GELU, then the next Conv1d's view:
+`reshape(gelu(reshape(y)))` with the result of `y`'s shape) runs on `y` itself, so the
+convolutions and the op are one chain of 4-D values (fused, and one NCHW{b}c region:
+kiln.transform.nchwc_layout).
+
 A chain over symbolic sizes is merged when each of them is carried by the chain as it
 is (the batch of an attention's heads split, `[batch, seq, 512] -> [batch, seq, 8, 64]
 -> [batch, 8, seq, 64]`): the merged op names it by the input dimension it copies
@@ -28,6 +34,7 @@ is left as it is. An intermediate read elsewhere stops the chain.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -38,6 +45,7 @@ from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.module import IRModule
 from kiln.ir.types import Dim, TensorType
 from kiln.ops import call
+from kiln.ops.registry import get_op
 from kiln.ops.reshape_dims import reshape_attr, reshape_target
 from kiln.transform.grouped_heads import read_grouped_heads
 from kiln.transform.pass_base import FunctionPass
@@ -141,6 +149,7 @@ class MergeCopies(FunctionPass):
         grouped = read_grouped_heads(items, var_use_counts(
             g.Function(func.params, tuple(items), func.result)))
         bindings = grouped if grouped is not None else bindings
+        bindings = _unary_between_views(func, bindings)
         bindings = _merge_chains(func, bindings)
         if bindings is None:
             return func
@@ -239,17 +248,65 @@ def _copies(chain: _Chain, var: g.Var) -> bool:
         return False
 
 
+def _current(func: g.Function, bindings: list[g.Binding] | None
+             ) -> tuple[bool, list[g.Binding], Counter[g.Var]]:
+    """Whether an earlier step changed `func` (`bindings` not None), the bindings as they
+    are now, and each variable's count of readers among them."""
+    items = list(func.bindings) if bindings is None else bindings
+    return bindings is not None, items, var_use_counts(
+        g.Function(func.params, tuple(items), func.result))
+
+
+def _copy_ops(items: list[g.Binding]) -> list[tuple[g.Binding, g.Call]]:
+    """The bindings of copy ops (`COPY_OPS`), each with its call."""
+    return [(b, b.value) for b in items
+            if isinstance(b.value, g.Call) and b.value.op in COPY_OPS]
+
+
+def _unary_between_views(func: g.Function,
+                         bindings: list[g.Binding] | None) -> list[g.Binding] | None:
+    """`c(u(reshape(y)))` for a unary elementwise op `u` and a copy op `c`, the reshape and
+    `u` read once: `u(y)` when `c` is a reshape back to `y`'s type, else
+    `c(reshape(u(y)))` (one copy after `_merge_chains`), so `u` fuses into `y`'s
+    producer."""
+    changed, items, uses = _current(func, bindings)
+    defs = {b.var: b.value for b in items}
+    replaced: dict[g.Var, list[g.Binding]] = {}
+    dropped: set[g.Var] = set()
+    for b, outer in _copy_ops(items):
+        u = outer.args[0]
+        op = defs.get(u) if isinstance(u, g.Var) and uses[u] == 1 else None
+        if not (isinstance(op, g.Call) and len(op.args) == 1
+                and get_op(op.op).pattern == "elemwise"):
+            continue
+        inner = op.args[0]
+        view = defs.get(inner) if isinstance(inner, g.Var) and uses[inner] == 1 else None
+        if not (isinstance(view, g.Call) and view.op == "reshape"):
+            continue
+        assert isinstance(u, g.Var) and isinstance(inner, g.Var)
+        y = view.args[0]
+        stmts: list[g.Binding] = []
+        if outer.op == "reshape" and y.type == b.var.type:
+            last = call(op.op, y, **dict(op.attrs))
+        else:
+            moved = _bind(stmts, u.name, call(op.op, y, **dict(op.attrs)))
+            again = _bind(stmts, inner.name, call("reshape", moved, **dict(view.attrs)))
+            last = call(outer.op, again, **dict(outer.attrs))
+        if last.ret_type != b.var.type:
+            continue
+        replaced[b.var] = [*stmts, g.Binding(b.var, last)]
+        dropped.update((u, inner))
+    if not replaced:
+        return items if changed else None
+    return [s for b in items if b.var not in dropped for s in replaced.get(b.var, [b])]
+
+
 def _merge_chains(func: g.Function, bindings: list[g.Binding] | None) -> list[g.Binding] | None:
     """Each copy op read only by another copy op is merged into its reader."""
-    changed = bindings is not None
-    items = list(func.bindings) if bindings is None else bindings
-    uses = var_use_counts(g.Function(func.params, tuple(items), func.result))
+    changed, items, uses = _current(func, bindings)
     chains: dict[g.Var, _Chain] = {}      # var -> the chain its copy op computes
     absorbed: set[g.Var] = set()
-    for b in items:
-        v = b.value
-        if not (isinstance(v, g.Call) and v.op in COPY_OPS):
-            continue
+    for b, v in _copy_ops(items):
         src = v.args[0]
         prev = chains.get(src) if isinstance(src, g.Var) and uses[src] == 1 else None
         steps = _steps(v)

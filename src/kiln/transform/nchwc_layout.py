@@ -29,7 +29,8 @@ at each convolution's output; every blocked consumer ignores them (the convoluti
 sum over the real input channels only; the way back drops them).
 
 A region (blocked values connected through these ops) is kept only when it holds
-at least `min_convs` convolutions and more convolutions than reorders; the
+at least `min_convs` convolutions and more convolutions than reorders (as many, on the
+bfloat16 kernel's targets: `_Rewriter.small_regions`); the
 convolutions of the others stay `conv2d_blocked` and the pass runs again without
 them.
 
@@ -183,13 +184,17 @@ class _Rewriter:
     def small_regions(self, min_convs: int, depthwise_only: bool = False) -> set[g.Var]:
         """The convolutions (original result vars) of regions that do not pay: fewer than
         `min_convs` convolutions, or no more convolutions than reorders in and out (or,
-        with `depthwise_only`, no depthwise convolution)."""
+        with `depthwise_only`, no depthwise convolution). On the bfloat16 kernel's
+        targets (`_rows_join_regions`) as many convolutions as reorders pay: each layer
+        then runs in bfloat16 instead of float32 NCHW, which saves more than a reorder
+        costs (Whisper's two Conv1d layers, one reorder in and one out)."""
         members: dict[g.Var, list[g.Var]] = {}
         for conv in self.parent:
             members.setdefault(self._root(conv), []).append(conv)
         reorders = Counter(self._root(c) for c in self.reorders)
+        ties = 0 if self._rows_join_regions() else 1
         return {c for root, group in members.items()
-                if len(group) < max(min_convs, reorders[root] + 1)
+                if len(group) < max(min_convs, reorders[root] + ties)
                 or (depthwise_only and not self.depthwise & set(group))
                 for c in group}
 

@@ -13,8 +13,10 @@ paired (0, 1) and (2, zero)), a strided unpadded 1x1 layer (its input subsampled
 converted), a 3x3 layer with a residual Add, a 1x1 layer to 24 channels (a partial
 output block), a strided 3x3 layer with asymmetric pads, over an image of 13x11 (tiles
 past its end) and a symbolic batch; then an LRN, whose `s ** -0.75` a `precision=bf16`
-target takes by square roots. The host must have AVX512-BF16 (the test machine,
-an AMD EPYC Zen 5, has it); elsewhere the run test skips.
+target takes by square roots. A second input runs Whisper's front: two Conv1d layers
+(the second strided) each with an exact GELU, a region of two layers and two reorders.
+The host must have AVX512-BF16 (the test machine, an AMD EPYC Zen 5, has it); elsewhere
+the run test skips.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from support.reference import onnxruntime_outputs
 
 RNG = np.random.default_rng(63)
 TOL = 1e-2  # against float32 (see the module docstring)
-CONVS = 5
+CONVS = 7
 
 
 def _weight(*shape: int) -> np.ndarray:
@@ -62,7 +64,21 @@ def _model() -> Any:
     # LRN on the NCHW result, its scales well past 1 (kiln.kernels.lrn by square roots)
     b.node("LRN", [y], ["out"], size=3, alpha=1.5, beta=0.75, bias=1.0)
     b.output("out", ("N", 40, 3, 3))
+    a = b.input("a", ("N", 20, 9))
+    a = _gelu(b, b.op("Conv", a, b.const(_weight(24, 20, 3)), b.const(_weight(24)),
+                      pads=[1, 1]))
+    a = _gelu(b, b.op("Conv", a, b.const(_weight(24, 24, 3)), b.const(_weight(24)),
+                      pads=[1, 1], strides=[2]))
+    b.node("Transpose", [a], ["a_out"], perm=[0, 2, 1])
+    b.output("a_out", ("N", 5, 24))
     return b.model()
+
+
+def _gelu(b: GraphBuilder, y: str) -> str:
+    """GELU as the exporters spell it: `0.5 * y * (1 + erf(y / sqrt(2)))`."""
+    e = b.op("Erf", b.op("Div", y, b.const(np.float32(np.sqrt(2.0)))))
+    return b.op("Mul", b.op("Mul", y, b.const(np.float32(0.5))),
+                b.op("Add", e, b.const(np.float32(1.0))))
 
 
 def _bf16_host() -> Target:
@@ -82,19 +98,22 @@ def built() -> tuple[Any, Any]:
 @pytest.mark.parametrize("batch", [1, 3])
 def test_bf16_conv_matches_float32(built: Any, batch: int) -> None:
     ex, model = built
-    x = RNG.standard_normal((batch, 3, 13, 11)).astype(np.float32)
-    want = onnxruntime_outputs(model, {"x": x})[0]
-    got = np.asarray(ex["main"](x))
-    assert got.shape == want.shape
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL
+    feeds = {"x": RNG.standard_normal((batch, 3, 13, 11)).astype(np.float32),
+             "a": RNG.standard_normal((batch, 20, 9)).astype(np.float32)}
+    for want, got in zip(onnxruntime_outputs(model, feeds), ex["main"](*feeds.values()),
+                         strict=True):
+        assert got.shape == want.shape
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL
 
 
 def test_every_layer_runs_in_bfloat16(built: Any) -> None:
+    """Every layer on the bfloat16 kernel, the Conv1d layers' GELUs fused into them."""
     ex, _ = built
     kernels = [f.attrs.get("kiln.conv_kernel") for f in ex.ir.functions.values()
                if hasattr(f, "attrs")]
     assert kernels.count("conv2d_nchwc_bf16") == CONVS
     assert "conv2d_nchwc" not in kernels
+    assert sum(name.startswith("fused_conv2d_nchwc_bf16_gelu") for name in ex.ir.functions) == 2
 
 
 def test_pack_round_trips_the_rounded_weights() -> None:
@@ -141,8 +160,8 @@ def test_sapphirerapids_build_only() -> None:
     b = GraphBuilder()
     x = b.input("x", ("N", 32, 8, 8))
     y = b.op("Conv", x, b.const(_weight(32, 32, 1, 1)))
-    y = b.op("Conv", y, b.const(_weight(32, 32, 3, 3)), pads=[1, 1, 1, 1], strides=[2, 2])
-    b.node("Conv", [y, b.const(_weight(16, 32, 1, 1))], ["y"])
+    b.node("Conv", [y, b.const(_weight(16, 32, 3, 3))], ["y"], pads=[1, 1, 1, 1],
+           strides=[2, 2])
     b.output("y", ("N", 16, 4, 4))
     target = Target("llvm -mcpu=sapphirerapids -precision=bf16")
     ex = kiln.compile(from_onnx(b.model()), target)  # the object file, not linked or loaded
