@@ -116,8 +116,8 @@ def _queue(texts: Sequence[str]) -> list[list[int]]:
     at most `_QUEUE_ENTRIES` groups: a worker that is done takes the next group, so the
     cores finish together however good the guess of each part's cost was."""
     order = sorted(range(len(texts)), key=lambda i: -cost(texts[i]))
-    groups = -(-len(order) // _QUEUE_ENTRIES)  # parts per entry
-    return [order[i:i + groups] for i in range(0, len(order), groups)]
+    per_entry = -(-len(order) // _QUEUE_ENTRIES)  # one part each below 1,024 parts
+    return [order[i:i + per_entry] for i in range(0, len(order), per_entry)]
 
 
 def _drain(queue: int, entries: Sequence[Sequence[int]], texts: Sequence[str],
