@@ -116,7 +116,7 @@ def _queue(texts: Sequence[str]) -> list[list[int]]:
     at most `_QUEUE_ENTRIES` groups: a worker that is done takes the next group, so the
     cores finish together however good the guess of each part's cost was."""
     order = sorted(range(len(texts)), key=lambda i: -cost(texts[i]))
-    per_entry = -(-len(order) // _QUEUE_ENTRIES)  # one part each below 1,024 parts
+    per_entry = -(-len(order) // _QUEUE_ENTRIES)  # 1 up to _QUEUE_ENTRIES parts
     return [order[i:i + per_entry] for i in range(0, len(order), per_entry)]
 
 
