@@ -181,7 +181,25 @@ def test_the_key_covers_machine_and_codegen(monkeypatch: pytest.MonkeyPatch) -> 
         kernel_cache.codegen_fingerprint.cache_clear()
 
 
-def test_jobs_must_be_a_number(monkeypatch: pytest.MonkeyPatch) -> None:
+def _tiny_part(i: int) -> str:
+    """A part of `i` + 1 blocks (`parts.cost` counts its branches)."""
+    blocks = "".join(f"b{k}:\n  br label %b{k + 1}\n" for k in range(i))
+    return (f'define i32 @"f{i}"(i32 %x) {{\nentry:\n  br label %b0\n{blocks}'
+            f"b{i}:\n  %y = add i32 %x, {i}\n  ret i32 %y\n}}\n")
+
+
+def test_workers_take_parts_from_one_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More workers than cores, parts queued in groups, costliest first: each part is
+    compiled once, and its result comes back in its place."""
+    config = llvm_codegen.machine_config(kiln.Target.from_host())
+    texts = [_tiny_part(i) for i in (2, 0, 5, 1, 4)]
+    monkeypatch.setattr(parts, "_QUEUE_ENTRIES", 2)
+    assert parts._queue(texts) == [[2, 4, 0], [3, 1]]
+    monkeypatch.setenv("KILN_CODEGEN_JOBS", "3")
+    tm = config.target_machine()
+    assert parts._compile_all(texts, config) == [parts.compile_part(t, config, tm)
+                                                 for t in texts]
+
     monkeypatch.setenv("KILN_CODEGEN_JOBS", "many")
     with pytest.raises(kiln.errors.CompileError, match="KILN_CODEGEN_JOBS"):
         parts.jobs()

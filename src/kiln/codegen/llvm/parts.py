@@ -1,9 +1,10 @@
 """Compile a module's parts (kiln.codegen.llvm.split) on every core, through the kernel cache.
 
 llvmlite runs every call into LLVM under one process-wide lock, so threads cannot
-optimise parts at once: the parts the kernel cache does not hold are shared out
-(largest first) among forked worker processes, as many as the CPUs this process may
-run on (`KILN_CODEGEN_JOBS` overrides), the calling process taking one share. A fork
+optimise parts at once: the parts the kernel cache does not hold are compiled by
+forked worker processes, as many as the CPUs this process may run on
+(`KILN_CODEGEN_JOBS` overrides), the calling process one of them; each worker takes
+the next part from a queue (a pipe), the costliest first, until none is left. A fork
 costs no start-up: the child has llvmlite loaded and the parts' text in memory. Each
 part is parsed, verified, optimised and emitted exactly as the whole module would be
 (kiln.codegen.llvm.target_machine); the objects are joined into one relocatable
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
@@ -95,25 +98,48 @@ def _compile_share(texts: Sequence[str], config: MachineConfig) -> list[Compiled
     return [compile_part(t, config, tm) for t in texts]
 
 
-def _shares(sizes: Sequence[int], n: int) -> list[list[int]]:
-    """Indices shared out among `n` workers, largest first to the least loaded."""
-    shares: list[list[int]] = [[] for _ in range(n)]
-    load = [0] * n
-    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
-        w = load.index(min(load))
-        shares[w].append(i)
-        load[w] += sizes[i]
-    return [s for s in shares if s]
+def cost(text: str) -> int:
+    """What LLVM's work on a part is guessed from: its branches, one per basic block
+    or so. LLVM's time follows a part's blocks much more closely than its length (an
+    unrolled tile is long but cheap; docs/performance.md, "Compile time, round seven")."""
+    return text.count(" br ") + 1
 
 
-def _child(texts: Sequence[str], config: MachineConfig, fd: int) -> None:
-    """In a forked worker: compile, write the pickled result to `fd`, exit."""
+# A queue entry: the index of a part. Entries are at most PIPE_BUF bytes in all, so
+# the queue is written whole before any worker starts, and reads of one entry are atomic.
+_ENTRY = struct.Struct("<I")
+_QUEUE_ENTRIES = getattr(select, "PIPE_BUF", 512) // _ENTRY.size
+
+
+def _queue(texts: Sequence[str]) -> list[list[int]]:
+    """The parts' indices in the order workers take them, costliest first (`cost`), in
+    at most `_QUEUE_ENTRIES` groups: a worker that is done takes the next group, so the
+    cores finish together however good the guess of each part's cost was."""
+    order = sorted(range(len(texts)), key=lambda i: -cost(texts[i]))
+    per_entry = -(-len(order) // _QUEUE_ENTRIES)  # 1 up to _QUEUE_ENTRIES parts
+    return [order[i:i + per_entry] for i in range(0, len(order), per_entry)]
+
+
+def _drain(queue: int, entries: Sequence[Sequence[int]], texts: Sequence[str],
+           config: MachineConfig) -> list[tuple[int, Compiled]]:
+    """Compile the parts of the entries read from the pipe `queue` until it is empty."""
+    tm = config.target_machine()
+    done = []
+    while entry := os.read(queue, _ENTRY.size):
+        for i in entries[_ENTRY.unpack(entry)[0]]:
+            done.append((i, compile_part(texts[i], config, tm)))
+    return done
+
+
+def _child(queue: int, entries: Sequence[Sequence[int]], texts: Sequence[str],
+           config: MachineConfig, fd: int) -> None:
+    """In a forked worker: compile from the queue, write the pickled result to `fd`, exit."""
     code = 0
     try:
         lock = getattr(getattr(llvm_binding().ffi.lib, "_lock", None), "_lock", None)
         if lock is not None:  # another thread of the parent may have held it at the fork
             llvm_binding().ffi.lib._lock._lock = threading.RLock()
-        payload = pickle.dumps(("ok", _compile_share(texts, config)))
+        payload = pickle.dumps(("ok", _drain(queue, entries, texts, config)))
     except BaseException as err:  # reported by the parent
         payload = pickle.dumps(("error", str(err)))
         code = 1
@@ -126,9 +152,12 @@ def _compile_all(texts: Sequence[str], config: MachineConfig) -> list[Compiled]:
     n = min(jobs(), len(texts))
     if n <= 1 or not hasattr(os, "fork"):
         return _compile_share(texts, config)
-    shares = _shares([len(t) for t in texts], n)
+    entries = _queue(texts)
+    queue, feed = os.pipe()
+    os.write(feed, b"".join(_ENTRY.pack(e) for e in range(len(entries))))
+    os.close(feed)  # the workers see the end of the queue once it is empty
     children = []
-    for share in shares[1:]:
+    for _ in range(n - 1):
         read, write = os.pipe()
         with warnings.catch_warnings():
             # Python warns of fork in a threaded process: the child only runs LLVM.
@@ -136,25 +165,28 @@ def _compile_all(texts: Sequence[str], config: MachineConfig) -> list[Compiled]:
             pid = os.fork()
         if pid == 0:
             os.close(read)
-            _child([texts[i] for i in share], config, write)
+            _child(queue, entries, texts, config, write)
         os.close(write)
-        children.append((pid, read, share))
+        children.append((pid, read))
     results: list[Compiled | None] = [None] * len(texts)
     failure: str | None = None
     try:
-        for i, r in zip(shares[0], _compile_share([texts[i] for i in shares[0]], config)):
+        for i, r in _drain(queue, entries, texts, config):
             results[i] = r
     except CompileError as err:
         failure = str(err)
-    for pid, read, share in children:
+    finally:
+        os.close(queue)
+    for pid, read in children:
         with os.fdopen(read, "rb") as f:
             data = f.read()
         os.waitpid(pid, 0)
-        status, value = pickle.loads(data) if data else ("error", "a worker died")
+        reply: tuple[str, Any] = pickle.loads(data) if data else ("error", "a worker died")
+        status, value = reply
         if status != "ok":
             failure = failure or value
             continue
-        for i, r in zip(share, value):
+        for i, r in value:
             results[i] = r
     if failure is not None:
         raise CompileError(failure)
