@@ -170,6 +170,11 @@ def test_stop_tokens_end_rows_and_the_loop(built: Any) -> None:
             assert (row[end + 1:] == -1).all()
     if all(stop in want for want in greedy):
         assert got.shape[1] < STEPS
+    # a cache for every position of 10**15 tokens cannot be reserved: the loop allocates
+    # each step's presents instead, and the stop tokens end it after the first step
+    first = kiln.generate(exe, PROMPT, 10**15, inputs={"bias": bias},
+                          stop_tokens=range(VOCAB))
+    np.testing.assert_array_equal(first, greedy[:, :1])
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

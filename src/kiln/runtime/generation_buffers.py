@@ -32,8 +32,13 @@ class StepBuffers:
                  caches: Sequence[tuple[tuple[int, ...], np.dtype[Any]]],
                  dtypes: Sequence[np.dtype[Any]]) -> None:
         self._present_of = {r: k for k, r in enumerate(presents)}
-        self._caches = [(np.empty(math.prod(shape), dtype), np.empty(math.prod(shape), dtype))
-                        for shape, dtype in caches]
+        try:
+            self._caches = [(np.empty(math.prod(shape), dtype), np.empty(math.prod(shape), dtype))
+                            for shape, dtype in caches]
+        except (MemoryError, ValueError):
+            # more than the memory can reserve (a max_new_tokens far past where a stop
+            # token ends it): each call allocates its presents, as they grow
+            self._caches = [(np.empty(0, dtype), np.empty(0, dtype)) for _, dtype in caches]
         self._dtypes = list(dtypes)
         self._others: dict[int, np.ndarray] = {}
         self._turn = 0

@@ -345,8 +345,16 @@ static int32_t kiln_host_gen_start(const kiln_host_decoder* d, kiln_host_gen_sta
     s->past[p] = kiln_host_gen_alloc(s->past_bytes[p]);
     s->spare[p] = kiln_host_gen_alloc(s->past_bytes[p]);
     if (s->past[p] == NULL || s->spare[p] == NULL) {
-      return kiln_host_fail("%s: generate: out of memory for a cache of 2 x %lld bytes",
-          d->name, (long long)s->past_bytes[p]);
+      /* more than the memory can reserve (a max_new far past where a stop token ends
+         it): each call's present then gets a buffer as it grows */
+      free(s->past[p]);
+      free(s->spare[p]);
+      s->past_bytes[p] = s->spare_bytes[p] = 0;
+      s->past[p] = kiln_host_gen_alloc(0);
+      s->spare[p] = kiln_host_gen_alloc(0);
+      if (s->past[p] == NULL || s->spare[p] == NULL) {
+        return kiln_host_fail("%s: generate: out of memory", d->name);
+      }
     }
     kiln_host_gen_shape(d, d->pasts[p], batch, 0, 0,
         s->past_shapes + (int64_t)p * KILN_HOST_GEN_RANK);
