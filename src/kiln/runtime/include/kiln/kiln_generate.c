@@ -11,7 +11,7 @@
    The cache is allocated once per generation, at its largest (prompt + max_new positions):
    two buffers per past, the call writing its present into the one its past is not in,
    then the two swapped; the other results' buffers are kept from call to call too (grown
-   when a call needs more), so a step allocates nothing and touches no fresh page. */
+   when their size changes), so a decode step allocates nothing. */
 #if defined(KILN_HOST_GENERATE)
 #include <stdlib.h>
 
@@ -124,7 +124,8 @@ static void kiln_host_gen_free_args(const kiln_host_decoder* d, kiln_host_gen_st
   }
 }
 
-/* Whether result `j` is a present (its buffer is one of the cache's, not s->data's). */
+/* The past whose present result `j` is, or -1 (a present's buffer is the cache's, not
+   s->data's). */
 static int32_t kiln_host_gen_present_of(const kiln_host_decoder* d, int32_t j) {
   int32_t p;
   for (p = 0; p < d->n_pasts; ++p) {
