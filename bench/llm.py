@@ -22,8 +22,10 @@ A round is one prompt of `--prompt` tokens and `--new` greedy tokens; the rounds
 two runtimes alternate and each column is the median: the time to the first token in ms (the
 prompt's prefill, one call from an empty cache, and choosing its token), decode tokens/s
 over the other tokens, and
-the process's peak RSS (MiB, ru_maxrss after the last round). Both generate the same
-tokens or the row says how many differ.
+the process's peak RSS (MiB, VmHWM after the last round) beside the weights (the model
+file) and the key/value cache of one sequence of prompt + new positions, and the peak
+over the two (issue 61's memory goal: at most 1.15x). Both generate the same tokens or
+the row says how many differ.
 
 `--genai` measures onnxruntime-genai instead of plain onnxruntime, on its own files: a
 transformers LlamaForCausalLM of the same sizes (random weights, seeded;
@@ -69,7 +71,8 @@ from support import genai  # noqa: E402  (tests, on the path just above)
 
 DOCS = ROOT / "docs" / "performance.md"
 COLUMNS = ["precision", "runtime", "first token ms", "decode tokens/s",
-           "peak RSS MiB", "weights MiB", "tokens equal"]
+           "peak RSS MiB", "weights MiB", "KV cache MiB", "peak / (weights + KV)",
+           "tokens equal"]
 
 
 def build_files(args: argparse.Namespace, where: Path) -> dict[str, Path]:
@@ -149,6 +152,22 @@ def _ort_step(path: Path, threads: int) -> Callable[..., Any]:
     return generate
 
 
+def kv_cache_mib(path: Path, positions: int) -> float:
+    """The key/value cache of one sequence of `positions` positions: every past input of
+    the library's decoder with the batch 1 and its cached axis that long."""
+    from kiln.runtime.generation import DecoderRoles
+
+    lib = kiln.runtime.load_module(path.with_suffix(".so"))
+    roles = DecoderRoles.of(lib["main"])
+    total = 0
+    for past, axis in zip(roles.pasts, roles.past_axes, strict=True):
+        dims = [positions if k == axis else d if isinstance(d, int) else 1
+                for k, d in enumerate(past["shape"])]
+        total += int(np.prod(dims)) * np.dtype(past["dtype"]).itemsize
+    lib.close()
+    return total / 2**20
+
+
 def _kiln_step(path: Path, threads: int) -> Callable[..., Any]:
     kiln.runtime.set_num_threads(threads)
     exe = kiln.runtime.load_module(path.with_suffix(".so"))   # exported by the parent
@@ -215,15 +234,17 @@ def rows_of(precision: str, path: Path, args: argparse.Namespace) -> list[list[s
         for runtime in results:
             results[runtime].append(run_child(runtime, path, args))
     want = np.array(results[reference][0]["tokens"])
+    kv = kv_cache_mib(path, args.prompt + args.new)
     rows = []
     for runtime, runs in results.items():
         first = float(np.median([r["rounds"][0]["first"] for r in runs])) * 1e3
         decode = float(np.median([r["rounds"][0]["decode"] for r in runs]))
         got = np.array(runs[0]["tokens"])[:, :want.shape[1]]
         equal = int((got == want[:, :got.shape[1]]).sum())
-        rows.append([precision, runtime, f"{first:.1f}",
-                     f"{1 / decode:.1f}", f"{np.median([r['rss_mib'] for r in runs]):.0f}",
-                     f"{weights_mib(path):.0f}", f"{equal}/{want.size}"])
+        peak = float(np.median([r["rss_mib"] for r in runs]))
+        rows.append([precision, runtime, f"{first:.1f}", f"{1 / decode:.1f}", f"{peak:.0f}",
+                     f"{weights_mib(path):.0f}", f"{kv:.1f}",
+                     f"{peak / (weights_mib(path) + kv):.3f}x", f"{equal}/{want.size}"])
         print("  ".join(f"{c:>14}" for c in rows[-1]), flush=True)
     return rows
 

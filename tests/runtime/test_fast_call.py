@@ -20,6 +20,7 @@ from onnx import TensorProto, helper
 import kiln
 from kiln.errors import CallError
 from kiln.runtime import Module, NativeFunction
+from kiln.runtime import function as fc
 from support import handmade_lib as hm
 from support.graphs import GraphBuilder
 from support.reference import ort_session
@@ -87,6 +88,25 @@ def test_split_outs_overlapping_each_other_are_refused(hand_lib: Module) -> None
     buf = np.zeros(3, np.int64)
     with pytest.raises(CallError, match="overlaps"):
         hand_lib["split"](np.arange(3), out=(buf, buf.view(np.float64)))
+
+
+def test_the_overlap_sweep_finds_what_pairwise_tests_find() -> None:
+    """The fast path's overlap test (one sweep over sorted byte ranges) against every
+    pair tested: a written range (index >= 3) may overlap nothing, read ranges may
+    overlap each other; empty ranges overlap nothing."""
+    rng = np.random.default_rng(0)
+    found = set()
+    for _ in range(400):
+        n = int(rng.integers(2, 8))
+        addresses = [int(a) for a in rng.integers(0, 64, n)]
+        sizes = [int(s) for s in rng.integers(0, 12, n)]
+        pairwise = any(
+            max(i, j) >= 3 and sizes[i] and sizes[j]
+            and addresses[i] < addresses[j] + sizes[j] and addresses[j] < addresses[i] + sizes[i]
+            for i in range(n) for j in range(i))
+        assert fc._any_written_overlap(addresses, sizes, 3) == pairwise, (addresses, sizes)
+        found.add(pairwise)
+    assert found == {True, False}
 
 
 def test_concurrent_calls_each_use_their_own_arguments(hand_lib: Module) -> None:

@@ -86,15 +86,42 @@ def built() -> tuple[Any, dict[str, np.ndarray], np.ndarray]:
     return kiln.compile(kiln.frontend.from_onnx(model), "llvm"), w, bias
 
 
+class _Recorder:
+    """A decoder function that records each call's arguments and `out=` arrays."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.name, self.params, self.results = fn, fn.name, fn.params, fn.results
+        self.calls: list[tuple[tuple[Any, ...], Any]] = []
+
+    def output_shapes(self, *args: Any) -> list[tuple[int, ...]]:
+        return list(self.fn.output_shapes(*args))
+
+    def __call__(self, *args: Any, out: Any = None) -> Any:
+        self.calls.append((args, out))
+        return self.fn(*args, out=out)
+
+
 def test_greedy_equals_recomputing_the_whole_sequence(built: Any) -> None:
+    """The tokens are the reference's; each call writes its present into one of two
+    buffers allocated for the whole generation (alternating), and the next call reads
+    it there as its past, uncopied."""
     exe, w, bias = built
     streamed: list[list[int]] = []
-    got = kiln.generate(exe, PROMPT, STEPS, inputs={"bias": bias},
+    recorder = _Recorder(exe["main"])
+    got = kiln.generate(recorder, PROMPT, STEPS, inputs={"bias": bias},
                         on_token=lambda t: streamed.append(t.tolist()))
     want = _reference_greedy(w, bias, STEPS)
     assert got.dtype == np.int64 and got.shape == (PROMPT.shape[0], STEPS)
     np.testing.assert_array_equal(got, want)
     assert streamed == got.T.tolist()
+    past = [p["name"] for p in recorder.params].index("past_key_values.0.key")
+    presents = [out[1] for _, out in recorder.calls]
+    assert len(presents) == STEPS
+    for k in range(1, STEPS):
+        assert np.shares_memory(recorder.calls[k][0][past], presents[k - 1])
+        assert not np.shares_memory(presents[k], presents[k - 1])
+        if k > 1:
+            assert presents[k].ctypes.data == presents[k - 2].ctypes.data
     penalised = kiln.generate(exe["main"], PROMPT, STEPS, inputs={"bias": bias},
                               repetition_penalty=1.7)
     np.testing.assert_array_equal(penalised, _reference_greedy(w, bias, STEPS, 1.7))
@@ -143,6 +170,11 @@ def test_stop_tokens_end_rows_and_the_loop(built: Any) -> None:
             assert (row[end + 1:] == -1).all()
     if all(stop in want for want in greedy):
         assert got.shape[1] < STEPS
+    # a cache for every position of 10**15 tokens cannot be reserved: the loop allocates
+    # each step's presents instead, and the stop tokens end it after the first step
+    first = kiln.generate(exe, PROMPT, 10**15, inputs={"bias": bias},
+                          stop_tokens=range(VOCAB))
+    np.testing.assert_array_equal(first, greedy[:, :1])
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import KilnError, UsageError
+from kiln.runtime.abi import numpy_dtype
+from kiln.runtime.generation_buffers import StepBuffers
 from kiln.runtime.generation_c import c_generate_entry, c_loop
 
 # Input names (lower case) that carry a role: what Hugging Face, torch exports and
@@ -176,11 +178,12 @@ def _function(lib: Any, function: str) -> Any:
                          ) from exc
 
 
-def _shape(param: Mapping[str, Any], batch: int, axis: int) -> tuple[int, ...]:
-    """An empty past: `param`'s shape with the batch filled in and the cached length 0."""
+def _shape(param: Mapping[str, Any], batch: int, axis: int, cached: int = 0) -> tuple[int, ...]:
+    """A past's shape: `param`'s with the batch filled in and the cached length `cached`
+    (0: the empty cache a generation starts from)."""
     dims = []
     for k, d in enumerate(param["shape"]):
-        dims.append(0 if k == axis else d if isinstance(d, int) else batch)
+        dims.append(cached if k == axis else d if isinstance(d, int) else batch)
     return tuple(dims)
 
 
@@ -254,6 +257,26 @@ def generate(lib: Any, input_ids: Any, max_new_tokens: int, *,
                  np.random.default_rng(seed), stops, pad, on_token)
 
 
+def _buffers(fn: Any, roles: DecoderRoles, batch: int, positions: int) -> StepBuffers:
+    """The calls' result arrays for a generation of `positions` positions in all: each
+    present at most its past's shape with every position cached."""
+    caches = [(_shape(p, batch, a, positions), numpy_dtype(p["dtype"]))
+              for p, a in zip(roles.pasts, roles.past_axes, strict=True)]
+    return StepBuffers(roles.presents, caches,
+                       [numpy_dtype(r["dtype"]) for r in getattr(fn, "results", [])])
+
+
+def _call(fn: Any, names: Sequence[str], feeds: Mapping[str, Any],
+          buffers: StepBuffers) -> Sequence[Any]:
+    """One step's results, written into `buffers`' arrays where they fit."""
+    # positionally, in the signature's order: a library's fast call path takes no keywords
+    args = [feeds[name] for name in names] if set(names) == set(feeds) else None
+    shapes = fn.output_shapes(*args) if args is not None else fn.output_shapes(**feeds)
+    out = buffers.outputs(shapes)
+    results = fn(*args, out=out) if args is not None else fn(**feeds, out=out)
+    return results if isinstance(results, (tuple, list)) else (results,)
+
+
 def _loop(fn: Any, roles: DecoderRoles, ids: np.ndarray, steps: int, fixed: Mapping[str, Any],
           sampling: Sampling, rng: np.random.Generator, stops: np.ndarray, pad: int,
           on_token: Callable[[np.ndarray], object] | None) -> np.ndarray:
@@ -264,12 +287,9 @@ def _loop(fn: Any, roles: DecoderRoles, ids: np.ndarray, steps: int, fixed: Mapp
     finished = np.zeros(batch, bool)
     new: list[np.ndarray] = []
     names = [p["name"] for p in getattr(fn, "params", [])]
+    buffers = _buffers(fn, roles, batch, ids.shape[1] + steps)
     for _ in range(steps):
-        feeds = _step_feeds(roles, step_ids, past, cached, fixed)
-        # positionally, in the signature's order: a library's fast call path takes no keywords
-        results = fn(*(feeds[name] for name in names)) if set(names) == set(feeds) \
-            else fn(**feeds)
-        results = results if isinstance(results, (tuple, list)) else (results,)
+        results = _call(fn, names, _step_feeds(roles, step_ids, past, cached, fixed), buffers)
         cached += step_ids.shape[1]
         past = [np.asarray(results[i]) for i in roles.presents]
         tokens = sampling.choose(np.asarray(results[roles.logits])[:, -1, :], seen, rng)

@@ -7,7 +7,11 @@
    call gave them (a present whose cached length is a run-time dimension, as
    GroupQueryAttention's total_sequence_length, has its actual length written back by the
    packed entry, docs/abi.md "Data-dependent output sizes"); a row that produced a stop
-   token continues with the pad token, and the loop ends when every row has. */
+   token continues with the pad token, and the loop ends when every row has.
+   The cache is allocated once per generation, at its largest (prompt + max_new positions):
+   two buffers per past, the call writing its present into the one its past is not in,
+   then the two swapped; the other results' buffers are kept from call to call too (grown
+   when their size changes), so a decode step allocates nothing. */
 #if defined(KILN_HOST_GENERATE)
 #include <stdlib.h>
 
@@ -102,26 +106,44 @@ typedef struct {
   int64_t* shapes;            /* KILN_HOST_GEN_RANK per argument */
   void** data;                /* each argument's buffer (the pasts' live in `past`) */
   void** past;                /* the cache, one buffer per past */
+  void** spare;               /* each past's second buffer: the next present's */
+  int64_t* past_bytes;        /* the size of each past's buffer */
+  int64_t* spare_bytes;       /* likewise of its second buffer */
+  int64_t* result_bytes;      /* each result buffer's size (s->data[n_params + j]) */
   int64_t* past_shapes;       /* KILN_HOST_GEN_RANK per past: its shape in the next call */
   int64_t* step_ids;          /* [batch, new] this call's token ids */
   unsigned char* finished;
 } kiln_host_gen_state;
 
+/* The parameters' buffers of a call (the results' stay for the next one). */
 static void kiln_host_gen_free_args(const kiln_host_decoder* d, kiln_host_gen_state* s) {
   int32_t i;
-  for (i = 0; i < d->n_params + d->n_results; ++i) {
+  for (i = 0; i < d->n_params; ++i) {
     free(s->data[i]);
     s->data[i] = NULL;
   }
 }
 
+/* The past whose present result `j` is, or -1 (a present's buffer is the cache's, not
+   s->data's). */
+static int32_t kiln_host_gen_present_of(const kiln_host_decoder* d, int32_t j) {
+  int32_t p;
+  for (p = 0; p < d->n_pasts; ++p) {
+    if (d->presents[p] == j) {
+      return p;
+    }
+  }
+  return -1;
+}
+
 static void kiln_host_gen_free(const kiln_host_decoder* d, kiln_host_gen_state* s) {
   int32_t i;
-  if (s->data != NULL) {
-    kiln_host_gen_free_args(d, s);
+  for (i = 0; s->data != NULL && i < d->n_params + d->n_results; ++i) {
+    free(s->data[i]);  /* NULL for the presents: their buffers are the cache's */
   }
-  for (i = 0; s->past != NULL && i < d->n_pasts; ++i) {
+  for (i = 0; s->past != NULL && s->spare != NULL && i < d->n_pasts; ++i) {
     free(s->past[i]);
+    free(s->spare[i]);
   }
   free(s->args);
   free(s->codes);
@@ -129,6 +151,10 @@ static void kiln_host_gen_free(const kiln_host_decoder* d, kiln_host_gen_state* 
   free(s->shapes);
   free(s->data);
   free(s->past);
+  free(s->spare);
+  free(s->past_bytes);
+  free(s->spare_bytes);
+  free(s->result_bytes);
   free(s->past_shapes);
   free(s->step_ids);
   free(s->finished);
@@ -223,17 +249,26 @@ static int32_t kiln_host_gen_call(const kiln_host_decoder* d, kiln_host_gen_stat
     return status;
   }
   for (i = d->n_params; i < d->n_params + d->n_results; ++i) {
+    int32_t p = kiln_host_gen_present_of(d, i - d->n_params);
+    void** buffer = p >= 0 ? &s->spare[p] : &s->data[i];
+    int64_t* size = p >= 0 ? &s->spare_bytes[p] : &s->result_bytes[i - d->n_params];
     memcpy(s->shapes + (int64_t)i * KILN_HOST_GEN_RANK, flat + offset,
         (size_t)d->ranks[i] * sizeof(int64_t));
     offset += d->ranks[i];
     bytes = kiln_host_gen_bytes(s->shapes + (int64_t)i * KILN_HOST_GEN_RANK, d->ranks[i],
         d->dtypes[i]);
-    s->data[i] = kiln_host_gen_alloc(bytes);
-    if (s->data[i] == NULL) {
-      return kiln_host_fail("%s: generate: out of memory for a result of %lld bytes", d->name,
-          (long long)bytes);
+    /* A present's buffer holds the longest cache; any other result's is replaced when its
+       size changes (the prompt's logits are not kept through the steps after). */
+    if (*buffer == NULL || bytes < 0 || (p >= 0 ? bytes > *size : bytes != *size)) {
+      free(*buffer);
+      *size = bytes;
+      if ((*buffer = kiln_host_gen_alloc(bytes)) == NULL) {
+        *size = 0;
+        return kiln_host_fail("%s: generate: out of memory for a result of %lld bytes",
+            d->name, (long long)bytes);
+      }
     }
-    kiln_host_gen_tensor(s, i, s->data[i], d->ranks[i], d->dtypes[i]);
+    kiln_host_gen_tensor(s, i, *buffer, d->ranks[i], d->dtypes[i]);
   }
   return d->call(s->args, s->codes, d->n_params + d->n_results);
 }
@@ -259,11 +294,14 @@ static int64_t kiln_host_gen_choose(const kiln_host_decoder* d, kiln_host_gen_st
     out[r * stride] = token;
     s->step_ids[r] = token;
   }
-  for (p = 0; p < d->n_pasts; ++p) {
+  for (p = 0; p < d->n_pasts; ++p) {  /* the present becomes the past: swap the buffers */
     int32_t ri = d->n_params + d->presents[p];
-    free(s->past[p]);
-    s->past[p] = s->data[ri];
-    s->data[ri] = NULL;
+    void* written = s->spare[p];
+    int64_t size = s->spare_bytes[p];
+    s->spare[p] = s->past[p];
+    s->spare_bytes[p] = s->past_bytes[p];
+    s->past[p] = written;
+    s->past_bytes[p] = size;
     memcpy(s->past_shapes + (int64_t)p * KILN_HOST_GEN_RANK,
         s->shapes + (int64_t)ri * KILN_HOST_GEN_RANK, KILN_HOST_GEN_RANK * sizeof(int64_t));
   }
@@ -271,7 +309,7 @@ static int64_t kiln_host_gen_choose(const kiln_host_decoder* d, kiln_host_gen_st
 }
 
 static int32_t kiln_host_gen_start(const kiln_host_decoder* d, kiln_host_gen_state* s,
-    const int64_t* prompt, int64_t batch, int64_t prompt_len) {
+    const int64_t* prompt, int64_t batch, int64_t prompt_len, int64_t max_new) {
   size_t n = (size_t)(d->n_params + d->n_results);
   int32_t p;
   memset(s, 0, sizeof *s);
@@ -285,17 +323,39 @@ static int32_t kiln_host_gen_start(const kiln_host_decoder* d, kiln_host_gen_sta
   s->shapes = (int64_t*)calloc(n * KILN_HOST_GEN_RANK, sizeof *s->shapes);
   s->data = (void**)calloc(n, sizeof *s->data);
   s->past = (void**)calloc((size_t)d->n_pasts + 1, sizeof *s->past);
+  s->spare = (void**)calloc((size_t)d->n_pasts + 1, sizeof *s->spare);
+  s->past_bytes = (int64_t*)calloc((size_t)d->n_pasts + 1, sizeof *s->past_bytes);
+  s->spare_bytes = (int64_t*)calloc((size_t)d->n_pasts + 1, sizeof *s->spare_bytes);
+  s->result_bytes = (int64_t*)calloc((size_t)d->n_results + 1, sizeof *s->result_bytes);
   s->past_shapes = (int64_t*)calloc(((size_t)d->n_pasts + 1) * KILN_HOST_GEN_RANK,
       sizeof *s->past_shapes);
   s->step_ids = (int64_t*)malloc((size_t)(batch * prompt_len) * sizeof *s->step_ids);
   s->finished = (unsigned char*)calloc((size_t)batch, 1);
   if (!s->args || !s->codes || !s->tensors || !s->shapes || !s->data || !s->past
-      || !s->past_shapes || !s->step_ids || !s->finished) {
+      || !s->spare || !s->past_bytes || !s->spare_bytes || !s->result_bytes || !s->past_shapes || !s->step_ids
+      || !s->finished) {
     return kiln_host_fail("%s: generate: out of memory", d->name);
   }
   for (p = 0; p < d->n_pasts; ++p) {
-    if ((s->past[p] = malloc(1)) == NULL) {  /* the empty cache */
-      return kiln_host_fail("%s: generate: out of memory", d->name);
+    /* Both buffers at the cache's largest, its pages touched only as the rows are written:
+       a past's shape with every position cached (the last present is one shorter). */
+    int64_t full[KILN_HOST_GEN_RANK];
+    kiln_host_gen_shape(d, d->pasts[p], batch, prompt_len + max_new, 0, full);
+    s->past_bytes[p] = kiln_host_gen_bytes(full, d->ranks[d->pasts[p]], d->dtypes[d->pasts[p]]);
+    s->spare_bytes[p] = s->past_bytes[p];
+    s->past[p] = kiln_host_gen_alloc(s->past_bytes[p]);
+    s->spare[p] = kiln_host_gen_alloc(s->past_bytes[p]);
+    if (s->past[p] == NULL || s->spare[p] == NULL) {
+      /* more than the memory can reserve (a max_new far past where a stop token ends
+         it): each call's present then gets a buffer as it grows */
+      free(s->past[p]);
+      free(s->spare[p]);
+      s->past_bytes[p] = s->spare_bytes[p] = 0;
+      s->past[p] = kiln_host_gen_alloc(0);
+      s->spare[p] = kiln_host_gen_alloc(0);
+      if (s->past[p] == NULL || s->spare[p] == NULL) {
+        return kiln_host_fail("%s: generate: out of memory", d->name);
+      }
     }
     kiln_host_gen_shape(d, d->pasts[p], batch, 0, 0,
         s->past_shapes + (int64_t)p * KILN_HOST_GEN_RANK);
@@ -329,7 +389,7 @@ static KILN_UNUSED int32_t kiln_host_generate(const kiln_host_decoder* d,
         "max_new_tokens %lld and n_stop %d >= 0", d->name, (long long)batch,
         (long long)prompt_len, (long long)max_new, (int)n_stop);
   }
-  status = kiln_host_gen_start(d, &s, prompt, batch, prompt_len);
+  status = kiln_host_gen_start(d, &s, prompt, batch, prompt_len, max_new);
   for (step = 0; status == 0 && step < max_new; ++step) {
     status = kiln_host_gen_call(d, &s, batch, cached, step_new);
     if (status == 0) {
