@@ -328,6 +328,12 @@ CASES: dict[str, list[OpCase]] = {
             OpCase((f32(2, 4, 3),), {"size": 2}),
             # not float32: the tensor-expression definition instead of the kernel
             OpCase((f32(1, 4, 3, 2, dtype="float64"),), {"size": 3, "beta": 0.5})],
+    # LRN across the channel blocks of NCHW{b}c (windows crossing blocks; by square
+    # roots and by Eigen's pow)
+    "lrn_nchwc": [OpCase((f32(2, 2, 3, 2, 4),), {"size": 5, "alpha": 0.5, "beta": 0.75,
+                                                 "bias": 1.0, "roots": True}),
+                  OpCase((f32(1, 3, 2, 2, 4),), {"size": 4, "alpha": 0.01, "beta": 0.6,
+                                                 "bias": 1.5})],
     # pooling
     "max_pool1d": [OpCase((f32(1, 2, 9),), {"kernel_shape": (3,), "strides": (2,),
                                             "pads": (1, 1), "ceil_mode": True})],

@@ -30,8 +30,13 @@ import kiln
 from kiln.distributed.tune import discover
 from kiln.ir.tensor import For
 from kiln.ir.visitor import iter_stmts
-from kiln.kernels.conv.winograd import MIN_PARALLEL_IMAGES, weight_transform
+from kiln.kernels.conv.winograd import (
+    MIN_PARALLEL_IMAGES,
+    bf16_takes_winograd,
+    weight_transform,
+)
 from kiln.kernels.tiles import tile_lanes
+from kiln.ops.conv_geometry import conv_shape
 from kiln.ops.winograd import matrices, weight_untransform
 from kiln.target.isa import isa_for
 from kiln.tuning.apply import Forced, using
@@ -209,15 +214,33 @@ def test_the_rule_takes_32_channels_of_whole_vector_blocks(c: int) -> None:
         assert (first == "conv_winograd") == (c >= 32 and c % block == 0), (cpu, first)
 
 
+@pytest.mark.parametrize("c_in,c_out,hw,taken", [
+    (128, 32, 56, False), (64, 64, 56, True), (64, 192, 28, False), (256, 256, 14, False),
+    (256, 512, 28, False), (512, 512, 14, True)])
+def test_a_bf16_target_takes_winograd_on_large_images_and_wide_layers(
+        c_in: int, c_out: int, hw: int, taken: bool) -> None:
+    """On a `precision=bf16` AVX-512 target the rule takes a 3x3 layer to float32
+    Winograd from the profile's `bf16_winograd_min_outputs` output channels (64) on, and
+    only on images of `bf16_winograd_min_positions` (56x56) or layers of
+    `bf16_winograd_wide_channels` (512) channels each way: DenseNet's 128 -> 32,
+    GoogLeNet's 64 -> 192 at 28x28 and ResNet's 256 at 14x14 run on the bfloat16
+    direct kernel, ResNet's 64 at 56x56 and VGG's 512 at 14x14 on Winograd."""
+    base = "llvm -mtriple=x86_64-linux-gnu -mcpu=znver5"
+    isa = isa_for(kiln.Target(f"{base} -precision=bf16"))
+    assert (isa.profile.bf16_winograd_min_outputs, isa.profile.bf16_winograd_min_positions,
+            isa.profile.bf16_winograd_wide_channels) == (64, 56 * 56, 512)
+    shape = conv_shape((1, c_in, hw, hw), c_out, (3, 3), {"pads": (1, 1, 1, 1)})
+    assert bf16_takes_winograd(shape, isa) == taken
+
+
 @pytest.mark.parametrize("c", [32, 64])
 def test_a_bf16_target_keeps_narrow_outputs_direct(c: int) -> None:
-    """On a `precision=bf16` AVX-512 target the rule takes a 3x3 layer to float32
-    Winograd from the profile's `bf16_winograd_min_outputs` output channels (64) on; a
-    32-channel one runs on the bfloat16 direct kernel. A float32 target takes both."""
-    model = _chain(c, 16)
+    """The rule as `discover` sees it on a chain at 64x64: a 3x3 layer of 64 channels
+    on Winograd on a `precision=bf16` target, one of 32 on the bfloat16 direct kernel; a
+    float32 target takes both."""
+    model = _chain(c, 64)
     base = "llvm -mtriple=x86_64-linux-gnu -mcpu=znver5"
     bf16 = kiln.Target(f"{base} -precision=bf16")
-    assert isa_for(bf16).profile.bf16_winograd_min_outputs == 64
     assert (discover(model, bf16)[0].family == "conv_winograd") == (c >= 64)
     assert discover(model, kiln.Target(base))[0].family == "conv_winograd"
 

@@ -92,3 +92,31 @@ def test_lrn_over_a_symbolic_batch_takes_the_hand_built_kernel(target: str) -> N
             np.float32)
         [want] = onnxruntime_outputs(model, {"x": x}, options)
         np.testing.assert_array_equal(np.asarray(fn(x)), want, err_msg=f"batch {batch}")
+
+
+@pytest.mark.parametrize("roots", [True, False])
+def test_nchwc_kernel_equals_its_reference(roots: bool) -> None:
+    """`lrn_nchwc`'s kernel (kiln.kernels.lrn, run by the interpreter) sums each window
+    across channel blocks as the numpy reference does, bit for bit: by square roots
+    (beta 0.75) and by Eigen's pow (CONFIGS' beta 0.6 and a window of 7); zero padding
+    channels stay zero."""
+    from kiln.ir import IRModule, evaluate
+    from kiln.kernels.lrn import LRN_NCHWC
+    from kiln.ops import te
+    from kiln.target import Target
+    from kiln.target.isa import isa_for
+
+    size, alpha, beta, bias = CONFIGS[0] if roots else CONFIGS[2]
+    attrs = {"size": size, "alpha": alpha * 1e4 if roots else alpha, "beta": beta,
+             "bias": bias, "roots": roots}
+    x = (np.random.default_rng(5).standard_normal((2, 3, 2, 3, 4)) * 2).astype(np.float32)
+    x[:, -1, :, :, 2:] = 0.0  # 10 channels padded to 12
+    arg = te.placeholder(x.shape, "float32", "x0")
+    func = LRN_NCHWC.lower_fused([arg], [arg], attrs, None, None, "lrn_nchwc",
+                                 isa_for(Target("llvm -mcpu=znver5")))
+    assert func is not None
+    got = np.zeros_like(x)
+    evaluate(IRModule({"kernel": func}), "kernel", x, got)
+    want = get_op("lrn_nchwc").reference(x, **attrs)
+    np.testing.assert_array_equal(got, want)
+    assert not got[:, -1, :, :, 2:].any()

@@ -104,6 +104,7 @@ _LAZY: dict[str, str] = {
 
     # lrn (kiln.kernels.lrn)
     "lrn": "kiln.kernels.lrn:LRN",
+    "lrn_nchwc": "kiln.kernels.lrn:LRN_NCHWC",
 
     # pool (kiln.kernels.pool)
     "max_pool2d": "kiln.kernels.pool.lowering:MAX_POOL2D",

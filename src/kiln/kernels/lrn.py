@@ -6,7 +6,10 @@ On a `precision=bf16` target (kiln.target.precision), whose convolutions round t
 inputs to 8 significant bits, the usual `beta` 0.75 takes `s ** -0.75` as
 `1 / (sqrt(s) * sqrt(sqrt(s)))`: three correctly rounded operations and a product, a
 few float32 ulps from Eigen's `pow`, at a fraction of its vector code (GoogLeNet's two
-LRN layers were a quarter of its bfloat16 call)."""
+LRN layers were a quarter of its bfloat16 call).
+
+`lrn_nchwc`'s kernel (`LrnNchwcLowering`) sums each window directly across the channel
+blocks of an NCHW{b}c tensor (kiln.ops.lrn says its rounding)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import numpy as np
 
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
+from kiln.kernels.tiles import const, lanes_loop, loop, parallel_tiles, parallel_when
 from kiln.ops import te
 from kiln.ops.lrn import F32, I32, I64, lrn_params, lrn_window
 from kiln.ops.ort_pow import powf
@@ -228,3 +232,74 @@ def _chunk_body(x: t.Buffer, out: t.Buffer, at: Any, channels: int, attrs: Attrs
                  _loop(c2, channels, vector(normalize)))
 
 
+
+
+class LrnNchwcLowering(LrnLowering):
+    """`lrn_nchwc` (kiln.ops.lrn) on float32 alone, the batch static or symbolic and the
+    other axes static: per row of an image, for each position, every channel's
+    `a x^2` into a stack row with `before` and `after` zeros around it (one vector per
+    channel block), then each block's window sums as `size` unaligned vector loads of
+    that row, the scale's power and the product in the same vector loop. Rows are the
+    parallel loop."""
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
+                    attrs: Mapping[str, Any], anchor: te.Tensor | None,
+                    result: te.Tensor | None, name: str, isa: ISA) -> t.PrimFunc | None:
+        """The kernel of one `lrn_nchwc` call; None for a fused chain or a symbolic axis
+        past the batch."""
+        (x_t,) = args
+        if result is not None or anchor is not None or x_t.dtype != F32 \
+                or not all(isinstance(d, int) for d in x_t.shape[1:]):
+            return None
+        x = t.Buffer("x0", tuple(x_t.shape), F32)
+        out = t.Buffer("out", tuple(x_t.shape), F32)
+        return t.PrimFunc((x, out), _nchwc_kernel(x, out, attrs, isa))
+
+
+LRN_NCHWC = LrnNchwcLowering()
+
+
+def _nchwc_kernel(x: t.Buffer, out: t.Buffer, attrs: Attrs, isa: ISA) -> t.Stmt:
+    """The loop nest of `LrnNchwcLowering` (its docstring)."""
+    batch, blocks, height, width, block = x.shape
+    size, before, after = lrn_window(attrs)
+    a, beta, bias = lrn_params(attrs)
+    roots = bool(attrs.get("roots"))
+    channels = int(blocks) * int(block)
+
+    def row(n: t.PrimExpr, h: t.PrimExpr) -> t.Stmt:
+        sq = t.Buffer("sq", (before + channels + after,), F32, "local")
+        zeros = [t.Store(sq, t.Const(0.0, F32), (const(k),))
+                 for k in (*range(before), *range(before + channels, before + channels + after))]
+
+        def squares(w: t.PrimExpr, cb: t.PrimExpr) -> t.Stmt:
+            def lane(v: t.PrimExpr) -> t.Stmt:
+                value = x[n, cb, h, w, v]
+                return t.Store(sq, t.Const(a, F32) * (value * value),
+                               (cb * const(block) + v + const(before),))
+            return lanes_loop("v", int(block), lane)
+
+        def normalize(w: t.PrimExpr, cb: t.PrimExpr) -> t.Stmt:
+            def lane(v: t.PrimExpr) -> t.Stmt:
+                ar = _IRArith()
+                total: t.PrimExpr = t.Const(float(np.float32(bias)), F32)
+                for k in range(size):
+                    total = total + sq[cb * const(block) + v + const(k)]
+                s = ar.bind(total)
+                if roots:
+                    root = ar.bind(t.intrin("sqrt", s))
+                    value = ar.recip(root * t.intrin("sqrt", root))
+                else:
+                    value = powf(ar, s, -beta)
+                idx = (n, cb, h, w, v)
+                return t.seq(*ar.lets, t.Store(out, x[idx] * value, idx))
+            return lanes_loop("v", int(block), lane)
+
+        def position(w: t.PrimExpr) -> t.Stmt:
+            return t.seq(loop("cb", int(blocks), lambda cb: squares(w, cb)),
+                         loop("cb", int(blocks), lambda cb: normalize(w, cb)))
+
+        return t.seq(t.Allocate(sq), *zeros, loop("w", int(width), position))
+
+    return parallel_when(lambda: parallel_tiles((batch, height), row),
+                         batch * channels * height * width * size, "element", isa=isa)

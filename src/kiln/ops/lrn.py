@@ -17,6 +17,14 @@ The numpy reference runs the same steps, so constant folding and the interpreter
 agree with the compiled kernel (kiln.kernels.lrn) bit for bit. Other dtypes and
 symbolic shapes take a tensor-expression definition (the window summed directly,
 float64-free but not onnxruntime's rounding).
+
+`lrn_nchwc` is LRN on a float32 NCHW{b}c tensor `[N][C/b][H][W][b]` (the layout pass
+keeps GoogLeNet's stem in its NCHW{b}c region with it on `precision=bf16` targets):
+each window summed directly from `bias` in channel order (no running sum: the window
+crosses channel blocks), the channels past the blocked ones adding zero as
+onnxruntime's padding does, and with attribute `roots` (beta 0.75) `s ** -0.75` taken
+by square roots as kiln.kernels.lrn takes it on those targets; the blocked padding
+channels must be zeros (they then stay zeros and add nothing to their neighbours).
 """
 
 from __future__ import annotations
@@ -133,3 +141,72 @@ def _reference_wide(x: np.ndarray, attrs: Attrs) -> np.ndarray:
 
 
 register_op("lrn", pattern="opaque", infer=_infer, compute=_compute, reference=_reference)
+
+
+# --------------------------------------------------------------------------- NCHW{b}c
+
+#: LRN on an NCHW{b}c tensor (kiln.transform.nchwc_layout, on `precision=bf16` targets).
+LRN_NCHWC = "lrn_nchwc"
+
+
+def _infer_nchwc(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    if types[0].ndim != 5 or types[0].dtype != F32:
+        raise IRError(f"{LRN_NCHWC} expects a float32 [N][C/b][H][W][b] tensor, "
+                      f"got {types[0]}")
+    return _infer(types, attrs)
+
+
+def _compute_nchwc(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    (x,) = inputs
+    size, before, _ = lrn_window(attrs)
+    a, beta, bias = lrn_params(attrs)
+    blocks, block = x.shape[1], int(x.shape[4])
+    channels = t.as_expr(blocks, I64) * t.Const(block, I64)
+
+    def element(n: t.PrimExpr, cb: t.PrimExpr, h: t.PrimExpr, w: t.PrimExpr,
+                v: t.PrimExpr) -> t.PrimExpr:
+        total: t.PrimExpr = t.Const(float(np.float32(bias)), F32)
+        for k in range(size):
+            ch = cb * t.Const(block, I64) + v + t.Const(k - before, I64)
+            safe = t.max_(t.min_(ch, channels - t.Const(1, I64)), t.Const(0, I64))
+            value = x[n, safe // t.Const(block, I64), h, w, safe % t.Const(block, I64)]
+            inside = (ch >= t.Const(0, I64)) & (ch < channels)
+            total = total + t.select(inside, t.Const(a, F32) * (value * value),
+                                     t.Const(0.0, F32))
+        return x[n, cb, h, w, v] * t.intrin("pow", total, t.Const(-beta, F32))
+
+    return te.compute(x.shape, element, x.dtype, "lrn")
+
+
+def nchwc_scale_np(x: np.ndarray, attrs: Attrs) -> np.ndarray:
+    """The scale `bias + sum of a x^2 over the window` of every channel of a float32
+    NCHW{b}c array, each window summed in channel order from `bias` (the kernel's order);
+    channels past the blocked ones add nothing."""
+    size, before, _ = lrn_window(attrs)
+    a, _, bias = lrn_params(attrs)
+    n, cb, h, w, b = x.shape
+    flat = x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
+    terms = np.float32(a) * (flat * flat)
+    padded = np.concatenate([np.zeros((n, before, h, w), np.float32), terms,
+                             np.zeros((n, size - 1 - before, h, w), np.float32)], axis=1)
+    s = np.full(flat.shape, np.float32(bias), np.float32)
+    for k in range(size):
+        s = s + padded[:, k:k + cb * b]
+    return s.reshape(n, cb, b, h, w).transpose(0, 1, 3, 4, 2)
+
+
+def roots_pow(s: np.ndarray) -> np.ndarray:
+    """`s ** -0.75` as `1 / (sqrt(s) * sqrt(sqrt(s)))` in float32 (kiln.kernels.lrn)."""
+    root = np.sqrt(s)
+    return (np.float32(1.0) / (root * np.sqrt(root))).astype(np.float32)
+
+
+def _reference_nchwc(x: np.ndarray, **attrs: Any) -> np.ndarray:
+    s = nchwc_scale_np(x, attrs)
+    with np.errstate(all="ignore"):
+        scale = roots_pow(s) if attrs.get("roots") else _pow_np(s, -lrn_params(attrs)[1])
+        return (x * scale).astype(np.float32)
+
+
+register_op(LRN_NCHWC, pattern="opaque", infer=_infer_nchwc, compute=_compute_nchwc,
+            reference=_reference_nchwc)

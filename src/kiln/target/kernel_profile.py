@@ -55,6 +55,15 @@ class KernelProfile:
     #: 128 -> 32) runs faster on the bfloat16 direct kernel, whose products Winograd's
     #: input transform does not share out over enough output channels.
     bf16_winograd_min_outputs: int = 0
+    #: The fewest output positions (height x width) of a 3x3 layer the rule takes to
+    #: float32 Winograd on a `precision=bf16` target, unless it has
+    #: `bf16_winograd_wide_channels` input and output channels: on smaller images
+    #: (ResNet's 28x28 and 14x14 stages, GoogLeNet's and SqueezeNet's layers past their
+    #: stems) the bfloat16 direct kernel's tiles of 20+ accumulators run faster than
+    #: Winograd's transforms and products, which VGG's 512-channel layers share out
+    #: over enough channels to stay level (at a float32 layer's lower error).
+    bf16_winograd_min_positions: int = 0
+    bf16_winograd_wide_channels: int = 0
 
 
 #: The rules measured on AVX2 (256-bit vectors) and AVX-512 (512-bit vectors).
@@ -65,7 +74,9 @@ PROFILES: dict[int, KernelProfile] = {
                        panel_copy_readers=40, int8_min_accumulators=16,
                        int8_position_vectors=3,
                        bf16_min_accumulators=20,
-                       bf16_winograd_min_outputs=64),
+                       bf16_winograd_min_outputs=64,
+                       bf16_winograd_min_positions=56 * 56,
+                       bf16_winograd_wide_channels=512),
 }
 #: Vector widths none of the rules was measured on (NEON, SSE, no vectors).
 UNMEASURED = KernelProfile(avx2_conv_rules=False, narrow_conv_rows=False,

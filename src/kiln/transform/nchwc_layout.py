@@ -14,7 +14,8 @@ layout-agnostic ops between such convolutions follow it:
 - on a `precision=bf16` AVX-512 target, a row-tiled convolution (`conv2d_rows`, whose
   vectors run along the output rows) as the blocked kernel's, `conv2d_nchwc_bf16`;
 - a channel concat of blocked tensors whose channel counts are multiples of `b`:
-  `concat` along the block axis.
+  `concat` along the block axis;
+- on a `precision=bf16` AVX-512 target, LRN: `lrn_nchwc` (kiln.ops.lrn).
 
 A region is entered with one `layout_transform(x, src="NCHW", dst="NCHW{b}c")`
 per NCHW tensor it reads, but for a convolution on fewer input channels than a block
@@ -73,6 +74,7 @@ from kiln.ops.conv_direct import (
     unpack_rows_weight,
 )
 from kiln.ops.layout import blocked_layout
+from kiln.ops.lrn import LRN_NCHWC, lrn_params
 from kiln.ops.packed_attrs import TILE
 from kiln.ops.pool_nchwc import POOL_NCHWC, POOLS
 from kiln.ops.registry import call, get_op
@@ -342,7 +344,23 @@ class _Rewriter:
             return call("reduce_mean", self.blocked[c.args[0]], axes=(2, 3), keepdims=True)
         if c.op in POOLS and isinstance(c.args[0], g.Var) and c.args[0] in self.blocked:
             return call(POOL_NCHWC, self.blocked[c.args[0]], pool=c.op, **c.attrs)
+        if c.op == "lrn" and isinstance(c.args[0], g.Var) and self._lrn_blocks(c.args[0], c):
+            return call(LRN_NCHWC, self.blocked[c.args[0]], **c.attrs,
+                        roots=lrn_params(c.attrs)[1] == 0.75)
         return None
+
+    def _lrn_blocks(self, x: g.Var, c: g.Call) -> bool:
+        """Whether the `lrn` call `c` of `x` runs on its blocked input (`lrn_nchwc`): on the
+        bfloat16 kernel's targets (`_rows_join_regions`), where it was measured, whose
+        LRN already takes `s ** -0.75` by square roots (kiln.kernels.lrn). GoogLeNet's
+        two LRN layers cut its stem (the first layer, a pool, a 1x1 and a 3x3 layer)
+        into regions too small to pay, so those layers ran float32 NCHW between
+        reorders. The padding channels stay zero through it where `bias` is positive
+        (a zero scale would make them NaN, which the bfloat16 kernel's zero weights
+        would spread)."""
+        return self._rows_join_regions() and x in self.blocked \
+            and isinstance(x.type, TensorType) and x.type.dtype == "float32" \
+            and (lrn_params(c.attrs)[2] > 0 or x.type.shape[1] % self.block == 0)
 
     def _channel_constants(self, c: g.Call) -> g.Call | None:
         """`c` (elementwise) of blocked tensors of its result's type and constants of one

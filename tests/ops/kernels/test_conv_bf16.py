@@ -12,8 +12,9 @@ ReLU reading the NCHW input of 3 channels in place (a region's first layer: chan
 paired (0, 1) and (2, zero)), a strided unpadded 1x1 layer (its input subsampled as it is
 converted), a 3x3 layer with a residual Add, a 1x1 layer to 24 channels (a partial
 output block), a strided 3x3 layer with asymmetric pads, over an image of 13x11 (tiles
-past its end) and a symbolic batch; then an LRN, whose `s ** -0.75` a `precision=bf16`
-target takes by square roots. A second input runs Whisper's front: two Conv1d layers
+past its end) and a symbolic batch; then an LRN on the blocked result (`lrn_nchwc`, 40
+channels in blocks of 16), whose `s ** -0.75` a `precision=bf16` target takes by square
+roots. A second input runs Whisper's front: two Conv1d layers
 (the second strided) each with an exact GELU, a region of two layers and two reorders.
 The host must have AVX512-BF16 (the test machine, an AMD EPYC Zen 5, has it); elsewhere
 the run test skips.
@@ -107,12 +108,14 @@ def test_bf16_conv_matches_float32(built: Any, batch: int) -> None:
 
 
 def test_every_layer_runs_in_bfloat16(built: Any) -> None:
-    """Every layer on the bfloat16 kernel, the Conv1d layers' GELUs fused into them."""
+    """Every layer on the bfloat16 kernel, the Conv1d layers' GELUs fused into them; the
+    LRN joins the first region (`lrn_nchwc`), which reorders only its result back."""
     ex, _ = built
     kernels = [f.attrs.get("kiln.conv_kernel") for f in ex.ir.functions.values()
                if hasattr(f, "attrs")]
     assert kernels.count("conv2d_nchwc_bf16") == CONVS
     assert "conv2d_nchwc" not in kernels
+    assert "lrn_nchwc" in ex.ir.functions and "lrn" not in ex.ir.functions
     assert sum(name.startswith("fused_conv2d_nchwc_bf16_gelu") for name in ex.ir.functions) == 2
 
 

@@ -579,13 +579,26 @@ def target_asks_winograd(isa: ISA) -> bool:
     return isa.winograd
 
 
+def bf16_takes_winograd(shape: ConvShape, isa: ISA) -> bool:
+    """Whether the rule takes the 3x3 layer `shape` to float32 Winograd on a
+    `precision=bf16` target rather than the bfloat16 direct kernel: as many output
+    channels as the kernel profile asks (`bf16_winograd_min_outputs`), and as many
+    output positions (`bf16_winograd_min_positions`) unless as many input and output
+    channels as `bf16_winograd_wide_channels`."""
+    profile = isa.profile
+    return shape.c_out >= profile.bf16_winograd_min_outputs and (
+        shape.out_h * shape.out_w >= profile.bf16_winograd_min_positions
+        or min(shape.c_in, shape.c_out) >= profile.bf16_winograd_wide_channels)
+
+
 @dataclass(frozen=True)
 class WinogradConv(Family):
     """See the module docstring. Its results differ from a direct convolution's by the
     transforms' rounding (about 1e-5 of the output's largest magnitude): the rule
     chooses it unless the target's attribute `winograd` is false, for layers of
     MIN_RULE_CHANNELS or more (whole vector blocks: `takes`; on a `precision=bf16` target
-    also the profile's `bf16_winograd_min_outputs` output channels) and MIN_RULE_POSITIONS
+    also as many output channels and positions as the profile asks:
+    `bf16_takes_winograd`) and MIN_RULE_POSITIONS
     outputs or more, with the first of
     its `offered_tiles` (F(4x4) where its output tiles fill half a vector, else
     F(2x2)); elsewhere only tuning, which checks each candidate's result against the
@@ -600,7 +613,7 @@ class WinogradConv(Family):
             min(shape.c_in, shape.c_out) >= MIN_RULE_CHANNELS and \
             shape.out_h * shape.out_w >= MIN_RULE_POSITIONS and \
             takes(shape.c_in, shape.c_out, tile_lanes(isa)) and \
-            (isa.precision != "bf16" or shape.c_out >= isa.profile.bf16_winograd_min_outputs)
+            (isa.precision != "bf16" or bf16_takes_winograd(shape, isa))
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         return self.pack_tile(call, isa, self.offered_tiles(call, isa)[0])
