@@ -92,6 +92,29 @@ def test_within_ulps_of_float64_and_libm_at_special_values(results: dict[str, np
         assert np.signbit(got[INPUTS == 0.0]).tolist() == np.signbit(INPUTS[INPUTS == 0.0]).tolist()
 
 
+def test_short_erf_of_bf16_targets_within_its_bounds() -> None:
+    """`precision=bf16` targets expand erf to kiln.kernels.math.erf_short_f32: within
+    2e-6 of erf and 3e-5 of it relatively (where |erf| is normal), libm's special values."""
+    try:
+        target = kiln.target.Target("host -precision=bf16")
+    except kiln.errors.TargetError as err:
+        pytest.skip(f"this host cannot run precision=bf16: {err}")
+    n = INPUTS.size
+    x, y, i = Buffer("x", (n,), "float32"), Buffer("y", (n,), "float32"), Var("i", "int64")
+    body = For(i, Const(0, "int64"), Const(n, "int64"), "serial",
+               Store(y, intrin("erf", x[i]), (i,)))
+    got = np.empty_like(INPUTS)
+    kiln.compile(PrimFunc((x, y), body, {}), target)["main"](INPUTS, got)
+    want = _erf(INPUTS.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    err = np.abs(got[finite] - want[finite])
+    assert err.max() <= 2e-6
+    normal = np.abs(want[finite]) >= np.finfo(np.float32).tiny
+    assert (err[normal] / np.abs(want[finite][normal])).max() <= 3e-5
+    assert np.signbit(got[INPUTS == 0.0]).tolist() == np.signbit(INPUTS[INPUTS == 0.0]).tolist()
+
+
 AVX512 = {"kind": "llvm", "mtriple": "x86_64-unknown-linux-gnu", "mcpu": "znver4"}
 
 
