@@ -8,8 +8,9 @@ against 371 keys (a partial last block and a partial last key panel), 40-wide he
 and 24-wide values (a value panel wider than the values); and keys stored `[d, n]`
 with the scores divided by 4 (a power of two: the kernel multiplies by 1/4). The same
 on `host -precision=bf16` (bfloat16 products, float32 sums) within bfloat16's error.
-Without a scale the pass applies too; a divisor other than a power of two, and a decode
-step's one query row, keep the three kernels.
+Without a scale the pass applies too, and to scores within L2 (BERT-base's 12 x 128 x
+128); a divisor other than a power of two, a decode step's one query row and small
+scores keep the three kernels.
 """
 
 from __future__ import annotations
@@ -112,18 +113,26 @@ def test_scores_past_the_l2_cache_take_the_blocked_kernel(target: str, op: str) 
     assert "softmax" not in ops and not any(o.startswith("matmul_tiled") for o in ops)
 
 
-def _one_attention(m: int, scale: Scale) -> onnx.ModelProto:
-    nodes, inputs, inits = _branch(0, 8, m, 1500, 64, 64, True, scale)
+def _one_attention(m: int, scale: Scale, heads: int = 8, n: int = 1500) -> onnx.ModelProto:
+    nodes, inputs, inits = _branch(0, heads, m, n, 64, 64, True, scale)
     b = GraphBuilder()
     b.add(*nodes)
     b.consts(inits)
     return b.model(inputs, [helper.make_tensor_value_info("y0", TensorProto.FLOAT,
-                                                          [1, 8, m, 64])], name="attention")
+                                                          [1, heads, m, 64])], name="attention")
 
 
 def test_a_decode_step_keeps_the_three_kernels() -> None:
     ops = _graph_ops(_one_attention(1, ("Mul", 0.125)), "llvm -mcpu=znver4")
     assert "attention_tiled" not in ops and ops.count("matmul_tiled") == 2
+
+
+@pytest.mark.parametrize(("heads", "seq", "blocked"), [(12, 128, True), (2, 64, False)])
+def test_scores_within_l2_take_the_blocked_kernel_from_an_eighth(heads: int, seq: int,
+                                                                  blocked: bool) -> None:
+    # 786 KB of scores (BERT-base at sequence 128) against 1 MiB of L2; 32 KB stay unfused
+    ops = _graph_ops(_one_attention(seq, ("Mul", 0.125), heads, seq), "llvm -mcpu=znver4")
+    assert ("attention_tiled" in ops) == blocked
 
 
 @pytest.mark.parametrize(("scale", "blocked"), [(None, True), (("Div", 8.0), True),

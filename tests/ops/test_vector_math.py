@@ -6,7 +6,9 @@ and on this host's llvm (FMA where it has it), the `expand-math` pass replacing
 the intrinsics; each result is
 compared with the float64 reference in units in the last place of the
 float32-rounded reference (a subnormal's spacing below float32's normal range).
-NaN must give NaN, an overflow `inf`, like libm. Then the assembly: the softmax,
+NaN must give NaN, an overflow `inf`, like libm. On a `precision=bf16` host the
+softmax's exp kernel also checks the short erf of those targets against its bounds.
+Then the assembly: the softmax,
 GELU (both forms), tanh and sigmoid kernels of a small model, compiled for an
 AVX-512 CPU, are zmm vector code with no call to a math library.
 """
@@ -92,6 +94,17 @@ def test_within_ulps_of_float64_and_libm_at_special_values(results: dict[str, np
         assert np.signbit(got[INPUTS == 0.0]).tolist() == np.signbit(INPUTS[INPUTS == 0.0]).tolist()
 
 
+def _assert_short_erf(got: np.ndarray) -> None:
+    want = _erf(INPUTS.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    err = np.abs(got[finite] - want[finite])
+    assert 1e-7 < err.max() <= 2e-6  # the short form: off by more than erf_f32's 2 ulp
+    normal = np.abs(want[finite]) >= np.finfo(np.float32).tiny
+    assert (err[normal] / np.abs(want[finite][normal])).max() <= 3e-5
+    assert np.signbit(got[INPUTS == 0.0]).tolist() == np.signbit(INPUTS[INPUTS == 0.0]).tolist()
+
+
 AVX512 = {"kind": "llvm", "mtriple": "x86_64-unknown-linux-gnu", "mcpu": "znver4"}
 
 
@@ -124,24 +137,39 @@ def test_kernels_are_vector_code_without_libm_calls() -> None:
         assert not re.search(r"\bvcvt\w*2\w*qq?\b", body), f"{name}: a 64-bit conversion"
 
 
+def _host_bf16_or_host() -> kiln.target.Target:
+    try:
+        return kiln.target.Target("host -precision=bf16")
+    except kiln.errors.TargetError:
+        return kiln.target.Target.from_host()
+
+
 @pytest.mark.parametrize("target", ["c", "host"])
-def test_softmax_exp_is_mlas_sum_exp(target: str) -> None:
+def test_softmax_exp_is_mlas_sum_exp_and_bf16_erf_is_short(target: str) -> None:
     # softmax's `x - max` (<= 0): within 1.5 ulp of exp down to -87.3; with FMA (MLAS's
     # form) 0 below its clamp at -88.38 (n = -127: a 0 exponent field), as onnxruntime's
-    # softmax gives; without FMA, exp_f32 knowing x <= 0 (subnormals as libm's)
+    # softmax gives; without FMA, exp_f32 knowing x <= 0 (subnormals as libm's). The
+    # same kernel on a `precision=bf16` host (its softmax_exp_f32 is built here, not
+    # expanded) takes erf, which expand-math makes kiln.kernels.math.erf_short_f32 there:
+    # within 2e-6 of erf and 3e-5 of it relatively (where |erf| is normal)
     from kiln.kernels.math import softmax_exp_f32
     from kiln.target.isa import isa_for
 
-    tgt = kiln.target.Target.from_host() if target == "host" else kiln.target.Target(target)
+    tgt = _host_bf16_or_host() if target == "host" else kiln.target.Target(target)
     fused = isa_for(tgt).fma
     xs = np.concatenate([-np.abs(INPUTS[np.isfinite(INPUTS)]), [-0.0, -np.inf, np.nan]]
                         ).astype(np.float32)
     x, y = Buffer("x", (xs.size,), "float32"), Buffer("y", (xs.size,), "float32")
+    e_in, e_out = Buffer("e_in", INPUTS.shape, "float32"), Buffer("e", INPUTS.shape, "float32")
     i = Var("i", "int64")
-    body = For(i, Const(0, "int64"), Const(xs.size, "int64"), "serial",
-               Store(y, softmax_exp_f32(x[i], fused=fused), (i,)))
-    got = np.empty_like(xs)
-    kiln.compile(PrimFunc((x, y), body, {}), tgt)["main"](xs, got)
+    body = seq(For(i, Const(0, "int64"), Const(xs.size, "int64"), "serial",
+                   Store(y, softmax_exp_f32(x[i], fused=fused), (i,))),
+               For(i, Const(0, "int64"), Const(INPUTS.size, "int64"), "serial",
+                   Store(e_out, intrin("erf", e_in[i]), (i,))))
+    got, erf = np.empty_like(xs), np.empty_like(INPUTS)
+    kiln.compile(PrimFunc((x, e_in, y, e_out), body, {}), tgt)["main"](xs, INPUTS, got, erf)
+    if isa_for(tgt).precision == "bf16":
+        _assert_short_erf(erf)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(xs))
     normal = xs >= -87.3
     want = np.exp(xs[normal].astype(np.float64))

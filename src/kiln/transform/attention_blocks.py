@@ -11,10 +11,16 @@ After `block-matmuls`, a float32 attention is the chain
 the `[*batch, m, n]` scores, read them back and write them again, then read them once
 more. The pass rewrites it to `attention_tiled(q, k, v)` (`attention_tiled_bf16`;
 kiln.ops.attention_blocks) when each link is read only by the next, the batch dims are
-equal and static, and the scores exceed the target's L2 cache (`ISA.l2_bytes`): the kernel then
-computes a block of query rows at a time with its scores in cache (kiln.kernels.gemm
-.attention_blocks). Smaller scores (a decode step's one query row, short sequences) stay
-on the three kernels, which keep them in cache already. The pass runs after
+equal and static, there is more than one query row, and the scores exceed an eighth of
+the target's L2 cache (`ISA.l2_bytes`, `SCORES_L2_FRACTION`): the kernel then computes a
+block of query rows at a time with its scores in cache (kiln.kernels.gemm
+.attention_blocks). Scores within L2 stay in cache in the three kernels too, but those
+run five parallel loops (the run-time packing of K and V, both products' tiles, the
+softmax) where the blocked kernel runs three, and each is a hand-off to the thread
+pool and a wait for its last thread: at two threads the blocked kernel is the faster
+for BERT-base's 12 x 128 x 128 scores (786 KB; docs/performance.md). A decode step's
+one query row, and scores of a few microseconds' work (short sequences), keep the three
+kernels, whose loops go parallel only when worth it. The pass runs after
 `block-matmuls` (whose `matmul_tiled` it reads: targets without the GEMM kernels keep
 `matmul`) and before `fuse-ops`.
 """
@@ -41,6 +47,8 @@ from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import FunctionPass
 
 Defs = dict[g.Var, Any]
+#: Scores from this fraction of L2 on take the blocked kernel (module docstring).
+SCORES_L2_FRACTION = 8
 #: The products' op -> the op of the blocked attention over them.
 _FUSED = {TILED: ATTENTION, TILED_BF16: ATTENTION_BF16}
 
@@ -140,8 +148,9 @@ def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
 
 
 def _worth_blocking(scores: TensorType, isa: ISA) -> bool:
-    """Whether static float32 scores of this type exceed the L2 cache."""
+    """Whether static float32 scores of this type, of more than one query row, exceed
+    `1 / SCORES_L2_FRACTION` of the L2 cache."""
     if scores.dtype != "float32" or not all(isinstance(d, int) for d in scores.shape):
         return False
     shape = [int(cast(int, d)) for d in scores.shape]
-    return 0 < isa.l2_bytes < 4 * math.prod(shape) and shape[-2] > 1
+    return 0 < isa.l2_bytes < SCORES_L2_FRACTION * 4 * math.prod(shape) and shape[-2] > 1

@@ -45,7 +45,7 @@ spelled-out graph to float32 rounding, not bit for bit.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,7 +95,7 @@ class RecognizeComposites(FunctionPass):
                     break
         for b in func.bindings:  # powers left outside any pattern; scaled matmul operands
             if b.var not in new and b.var not in graph.absorbed:
-                rewritten = _products_for_power(graph, b) or _scaled_matmul(graph, b)
+                rewritten = _products_for_power(graph, b) or _scaled_matmul(graph, b, new)
                 if rewritten:
                     new[b.var] = rewritten
         quantizes = any(isinstance(b.value, g.Call) and b.value.op in RUNTIME_QUANTIZATION
@@ -399,10 +399,13 @@ def _products_for_power(graph: _Graph, b: g.Binding) -> list[g.Binding] | None:
             g.Binding(b.var, g.Call("multiply", (square, x), {}, b.var.type))]
 
 
-def _scaled_matmul(graph: _Graph, b: g.Binding) -> list[g.Binding] | None:
+def _scaled_matmul(graph: _Graph, b: g.Binding, replaced: Mapping[g.Var, Any]
+                   ) -> list[g.Binding] | None:
     """`matmul(a, c) * (s t)` for `matmul(a * s, c * t)` with scalar constants `s`, `t`
     (either may be absent): attention's scaled queries and keys. The product is then
-    scaled in the matrix product's epilogue instead of by a kernel per operand."""
+    scaled in the matrix product's epilogue instead of by a kernel per operand. An
+    operand `replaced` by a composite (a GELU's `... * 0.5`) keeps it: taking its scale
+    would make the product read the spelled-out values again, undoing the match."""
     call = graph.call(b.var, "matmul")
     if call is None or len(call.args) != 2 or not isinstance(b.var.type, TensorType) or \
             not is_float(b.var.type.dtype):
@@ -410,7 +413,8 @@ def _scaled_matmul(graph: _Graph, b: g.Binding) -> list[g.Binding] | None:
     scale, args = 1.0, []
     factors: list[wo.Origin | None] = []  # the replay of `scale` (Module.swap_weights)
     for operand in call.args:
-        mul = graph.call(operand, "multiply") if graph.uses[operand] == 1 else None  # type: ignore[index]
+        alone = graph.uses[operand] == 1 and operand not in replaced  # type: ignore[index]
+        mul = graph.call(operand, "multiply") if alone else None
         x, s = mul.args if mul is not None else (operand, operand)
         if _scalar(x) is not None:
             x, s = s, x

@@ -8,7 +8,9 @@ stored value (a `Store`'s or a `LetStmt`'s) with kiln.kernels.math's
 polynomial forms, which the loop vectorizer widens; their intermediate values
 are let variables bound just before the statement, so the expression stays a
 tree of a few dozen nodes instead of a DAG every later walk would copy out.
-Multiply-adds are `fma` where the target's ISA has FMA.
+Multiply-adds are `fma` where the target's ISA has FMA. On targets that compute in
+bfloat16 (`precision=bf16`) `erf` is the short form (kiln.kernels.math.erf_short_f32,
+within 2e-6): their GELUs feed products whose operands keep 8 significant bits.
 
 Hoisting a value out of a `Select` arm changes nothing: the IR evaluates both
 arms of a select. Other dtypes and targets keep the intrinsics (the backend's
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from kiln.ir import tensor as t
 from kiln.ir.module import IRModule
 from kiln.ir.visitor import StmtExprMutator
-from kiln.kernels.math import BUILDERS, CPU_KINDS
+from kiln.kernels.math import BUILDERS, CPU_KINDS, erf_short_f32
 from kiln.target.isa import isa_for
 from kiln.target.target import Target
 from kiln.transform.pass_base import FunctionPass
@@ -42,13 +44,15 @@ class ExpandMath(FunctionPass):
         target = Target.current()
         if target is None or target.kind.name not in CPU_KINDS:
             return func
-        body = _Expander(isa_for(target).fma).visit_stmt(func.body)
+        isa = isa_for(target)
+        body = _Expander(isa.fma, isa.precision == "bf16").visit_stmt(func.body)
         return func if body is func.body else func.with_body(body)
 
 
 class _Expander(StmtExprMutator):
-    def __init__(self, fused: bool) -> None:
+    def __init__(self, fused: bool, short_erf: bool = False) -> None:
         self.fused = fused
+        self.builders = {**BUILDERS, "erf": erf_short_f32} if short_erf else BUILDERS
         self.lets: list[t.Stmt] | None = None  # set while a stored value is rewritten
         self.count = 0
 
@@ -63,7 +67,7 @@ class _Expander(StmtExprMutator):
 
     def visit_intrin(self, e: t.Intrin) -> t.PrimExpr:
         rewritten = self.generic_visit(e)
-        build = BUILDERS.get(e.name)
+        build = self.builders.get(e.name)
         if build is None or self.lets is None or e.dtype != F32:
             return rewritten
         assert isinstance(rewritten, t.Intrin)

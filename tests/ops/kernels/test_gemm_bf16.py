@@ -27,8 +27,10 @@ import pytest
 import kiln
 from kiln.errors import TargetError
 from kiln.frontend import from_onnx
+from kiln.kernels.gemm.bf16 import panel_group
 from kiln.ops.gemm_bf16 import bf16_round, pack_b_bf16, unpack_b_bf16
 from kiln.target import Target
+from kiln.target.isa import isa_for
 from support.bf16_gemms import Case, Weights, gemm_model, gemm_reference
 from support.graphs import GraphBuilder
 from support.numerics import rel_l2
@@ -89,6 +91,15 @@ def test_bf16_weights_are_packed_at_compile_time(built: Any) -> None:
     text = ex.ir.script()
     assert text.count("matmul_packed_bf16") >= len(CASES) + 1
     assert "matmul_packed(" not in text and "matmul_gemv" not in text
+
+
+def test_a_past_l2_by_a_b_of_two_l2s_is_one_panel_group() -> None:
+    # Whisper's second FFN product, K 2048 by N 512: 16 panels of 1024 words, 2 MB
+    isa = isa_for(Target("llvm -mcpu=znver4 -precision=bf16"))
+    assert panel_group(1024, 32, 16, isa, 1500) == 16  # A's words 6 MB: one group
+    assert panel_group(1024, 32, 16, isa, 128) == 4    # A's in L2: half an L2 per group
+    assert panel_group(1024, 32, 16, isa, None) == 4   # symbolic rows
+    assert panel_group(1536, 32, 24, isa, 197) == 2    # ViT's, B 4.7 MB
 
 
 def test_pack_round_trips_the_rounded_weights() -> None:

@@ -4,8 +4,9 @@ weights packed at compile time, float32 sums, for targets with `precision=bf16`
 
 A parallel tile is one row tile of `mr` rows of A by a group of B's panels (as many
 as fill half of L2, `PANEL_GROUP_L2_SHARE`, so that a thread's consecutive tiles reuse
-them from L2). Its rows of A are bfloat16 words (two contiguous runs of each row
-paired lane by lane, the pairing `pack_b_bf16` gave B; K zero-padded to whole blocks):
+them from L2; all of them where A is larger than L2 and B a few L2s: `panel_group`).
+Its rows of A are bfloat16 words (two contiguous runs of each row paired lane by lane,
+the pairing `pack_b_bf16` gave B; K zero-padded to whole blocks):
 converted by the tile on the stack where B is one group, else once per call into a
 buffer of every row tile that all groups read (per group, the conversion cost about a
 quarter of the tile's time). The tile runs each panel's register tile over them: per
@@ -69,6 +70,8 @@ from kiln.target.isa import ISA
 
 #: The share of L2 one parallel tile's group of packed panels may fill.
 PANEL_GROUP_L2_SHARE = 0.5
+#: The most L2s of packed B that one parallel tile streams whole (`panel_group`).
+STREAMED_B_L2S = 2
 
 
 def _i32(v: int) -> Const:
@@ -279,8 +282,17 @@ def _heap_body(nest: Bf16Nest, mtiles: Any, groups: int) -> Stmt:
     return seq(Allocate(abuf), convert, tiles)
 
 
-def panel_group(words: int, nr: int, panels: int, isa: ISA) -> int:
-    """The panels of B one parallel tile runs (`PANEL_GROUP_L2_SHARE` of L2)."""
+def panel_group(words: int, nr: int, panels: int, isa: ISA, rows: Any = None) -> int:
+    """The panels of B one parallel tile runs (`PANEL_GROUP_L2_SHARE` of L2), or all of
+    them where A has a static count of `rows` whose words would not stay in L2 and B is
+    at most `STREAMED_B_L2S` L2s: several groups would convert A into a heap buffer
+    in a pass of its own and read it back from memory once per group, where one group
+    converts each row tile on the stack as it goes and reads B again per row tile, from
+    the L3 it stays in."""
+    b_bytes = panels * words * nr * 4
+    if isinstance(rows, int) and rows * words * 4 > isa.l2_bytes \
+            and b_bytes <= STREAMED_B_L2S * isa.l2_bytes:
+        return panels
     return max(1, min(panels, int(PANEL_GROUP_L2_SHARE * isa.l2_bytes) // (words * nr * 4)))
 
 
@@ -327,8 +339,8 @@ class Bf16Gemm(PackedGemm):
         mr = min(mr, m) if isinstance(m, int) and not amx else mr
         nest = Bf16Nest(store.buffers[a], lambda bf, p, w, v: bb[p, w, v], store.out,
                      store.epilogue, rows, m, n, k, mr, nr,
-                     panel_group(words, nr, panels, isa), words, panels, isa,
-                     amx=bb if amx else None)
+                     panel_group(words, nr, panels, isa, None if amx else m), words,
+                     panels, isa, amx=bb if amx else None)
         body = bf16_body(nest)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                         {ATTR_GEMM_KERNEL: self.op})
