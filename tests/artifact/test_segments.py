@@ -36,6 +36,7 @@ def test_segments_equal_the_joined_bytes(cuts: list[int],
     assert seg != bytes(changed) and seg != DATA[:-1]
     # Hashed chunk by chunk from the pieces, on threads as large data is.
     monkeypatch.setattr(integrity, "_PARALLEL_MIN", 0)
+    monkeypatch.setattr(integrity, "_PARALLEL_BATCH", 2)
     by_chunk = [DATA[i:i + 4096] for i in range(0, len(DATA), 4096)]
     assert chunk_digests(seg, 4096) == b"".join(hashlib.sha256(c).digest() for c in by_chunk)
     assert chunk_digests(seg, 4096) == chunk_digests(DATA, 4096) == stream_digests(

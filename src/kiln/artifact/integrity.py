@@ -18,6 +18,7 @@ import hashlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
 
 import numpy as np
 
@@ -32,6 +33,8 @@ MIN_CHUNK_SIZE = 1 << 12
 MAX_CHUNK_SIZE = 1 << 30
 # Below this, threads cost more than they save.
 _PARALLEL_MIN = 4 * CHUNK_SIZE
+# Chunks handed to the threads at once.
+_PARALLEL_BATCH = 32
 
 
 def chunk_count(length: int, chunk_size: int = CHUNK_SIZE) -> int:
@@ -48,7 +51,7 @@ def chunk_digests(data: BytesLike | Segments, chunk_size: int = CHUNK_SIZE) -> b
     """The concatenated SHA-256 digests of each `chunk_size` piece of `data` (several
     threads hash the chunks of a large one; Segments are hashed from their pieces)."""
     if isinstance(data, Segments):
-        return _digest_chunks(list(_chunk_pieces(data.parts(), chunk_size)), len(data))
+        return _digest_chunks(_chunk_pieces(data.parts(), chunk_size), len(data))
     view = _view(data)
     return _digest_chunks([(view[i:i + chunk_size],) for i in range(0, len(view), chunk_size)],
                           len(view))
@@ -72,14 +75,20 @@ def _chunk_pieces(parts: Iterable[BytesLike], chunk_size: int) -> Iterator[list[
         yield chunk
 
 
-def _digest_chunks(chunks: list[Sequence[memoryview]], length: int) -> bytes:
+def _digest_chunks(chunks: Iterable[Sequence[memoryview]], length: int) -> bytes:
     """The digests of `chunks` (each a sequence of views hashed as one), on several threads
-    when the `length` bytes are many (hashlib releases the GIL)."""
+    when the `length` bytes are many (hashlib releases the GIL). The chunks are taken a
+    batch at a time: a part that the pieces' producer copies (a strided array made
+    contiguous) is held only while its batch is hashed."""
 
     if length < _PARALLEL_MIN or (os.cpu_count() or 1) < 2:
         return b"".join(map(_sha256_of, chunks))
+    out: list[bytes] = []
+    pending = iter(chunks)
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        return b"".join(pool.map(_sha256_of, chunks))
+        while batch := list(islice(pending, _PARALLEL_BATCH)):
+            out.extend(pool.map(_sha256_of, batch))
+    return b"".join(out)
 
 
 def _sha256_of(pieces: Sequence[memoryview]) -> bytes:
