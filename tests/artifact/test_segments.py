@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kiln.artifact import Artifact, ArtifactSet, archive
-from kiln.artifact.integrity import chunk_digests
+from kiln.artifact import Artifact, ArtifactSet, archive, integrity
+from kiln.artifact.integrity import chunk_digests, lane64_digests, stream_digests
 from kiln.artifact.segments import Segments
 
 RNG = np.random.default_rng(7)
@@ -23,7 +23,8 @@ def _split(data: bytes, cuts: list[int]) -> Segments:
 
 
 @pytest.mark.parametrize("cuts", [[], [1], [4096, 4097, 9000], [0, 5000, 5000, 10_000]])
-def test_segments_equal_the_joined_bytes(cuts: list[int]) -> None:
+def test_segments_equal_the_joined_bytes(cuts: list[int],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     seg = _split(DATA, cuts)
     assert len(seg) == len(DATA) and bytes(seg) == DATA
     assert seg == DATA and seg == _split(DATA, [3, 7000])
@@ -33,7 +34,15 @@ def test_segments_equal_the_joined_bytes(cuts: list[int]) -> None:
     changed = bytearray(DATA)
     changed[-1] ^= 1
     assert seg != bytes(changed) and seg != DATA[:-1]
-    assert chunk_digests(seg, 4096) == chunk_digests(DATA, 4096)
+    # Hashed chunk by chunk from the pieces, on threads as large data is.
+    monkeypatch.setattr(integrity, "_PARALLEL_MIN", 0)
+    monkeypatch.setattr(integrity, "_PARALLEL_BATCH", 2)
+    by_chunk = [DATA[i:i + 4096] for i in range(0, len(DATA), 4096)]
+    assert chunk_digests(seg, 4096) == b"".join(hashlib.sha256(c).digest() for c in by_chunk)
+    assert chunk_digests(seg, 4096) == chunk_digests(DATA, 4096) == stream_digests(
+        seg.parts(), 4096)
+    assert lane64_digests(seg, 4096) == b"".join(
+        integrity.lane64(c).to_bytes(8, "little") for c in by_chunk)
     art = Artifact("c", "native", "w.bin", seg, {"symbol": "w"})
     assert art.size == len(DATA)
     assert art.sha256() == hashlib.sha256(DATA).hexdigest()

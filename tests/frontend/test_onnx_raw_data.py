@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
+from kiln.frontend.onnx import raw_data
 from kiln.frontend.onnx.raw_data import load_with_views
 from support.graphs import GraphBuilder
 
@@ -45,9 +46,13 @@ def _inits() -> list[TensorProto]:
     return inits
 
 
-def test_views_equal_onnx_decoding(tmp_path: Path) -> None:
+def test_views_equal_onnx_decoding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "m.onnx"
     onnx.save(_model(_inits()), path)
+    # Read as a large model is: in pieces (here of 16 bytes, so some split a tensor) on
+    # two threads.
+    monkeypatch.setattr(raw_data, "_READ_PIECE", 16)
+    monkeypatch.setattr(raw_data, "_PARALLEL_READ_MIN", 0)
     proto, views = load_with_views(str(path))
     reference = onnx.load(path)
     assert [t.name for t in proto.graph.initializer] == \

@@ -21,6 +21,7 @@ from session_model import write_model
 import kiln
 import kiln.driver.compiler
 import kiln.frontend.onnx.importer
+from kiln.codegen import kernel_cache
 from kiln.driver import cache
 from kiln.driver.progress import ProgressEvent
 from kiln.errors import ArgumentTypeError
@@ -86,7 +87,12 @@ def test_runtime_options_hit_and_compile_options_or_bytes_miss(model: Path) -> N
                                  providers=[("CPUExecutionProvider", {})]).cache_hit
     limited = kiln.SessionOptions()
     limited.max_loop_iterations = 7
+    parts = dict(kernel_cache.STATS)
     assert not kiln.InferenceSession(model, limited).cache_hit
+    # A miss finds the kernels the first session compiled (its compile keeps the kernel
+    # cache on while the compile cache's entry stays out) and compiles none again.
+    assert kernel_cache.STATS["hits"] > parts["hits"]
+    assert kernel_cache.STATS["misses"] == parts["misses"]
     assert kiln.InferenceSession(model, limited).cache_hit
     proto = onnx.load(str(model))
     proto.doc_string = "other bytes, same graph"

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
 
 import numpy as np
 
@@ -32,6 +33,8 @@ MIN_CHUNK_SIZE = 1 << 12
 MAX_CHUNK_SIZE = 1 << 30
 # Below this, threads cost more than they save.
 _PARALLEL_MIN = 4 * CHUNK_SIZE
+# Chunks handed to the threads at once.
+_PARALLEL_BATCH = 32
 
 
 def chunk_count(length: int, chunk_size: int = CHUNK_SIZE) -> int:
@@ -45,39 +48,61 @@ def _view(data: BytesLike) -> memoryview:
 
 
 def chunk_digests(data: BytesLike | Segments, chunk_size: int = CHUNK_SIZE) -> bytes:
-    """The concatenated SHA-256 digests of each `chunk_size` piece of `data`."""
+    """The concatenated SHA-256 digests of each `chunk_size` piece of `data` (several
+    threads hash the chunks of a large one; Segments are hashed from their pieces)."""
     if isinstance(data, Segments):
-        return stream_digests(data.parts(), chunk_size)
+        return _digest_chunks(_chunk_pieces(data.parts(), chunk_size), len(data))
     view = _view(data)
-    spans = [(i, min(i + chunk_size, len(view))) for i in range(0, len(view), chunk_size)]
-
-    def one(span: tuple[int, int]) -> bytes:
-        return hashlib.sha256(view[span[0]:span[1]]).digest()
-
-    if len(view) < _PARALLEL_MIN or (os.cpu_count() or 1) < 2:
-        return b"".join(map(one, spans))
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        return b"".join(pool.map(one, spans))
+    return _digest_chunks([(view[i:i + chunk_size],) for i in range(0, len(view), chunk_size)],
+                          len(view))
 
 
-def stream_digests(parts: Iterable[BytesLike], chunk_size: int = CHUNK_SIZE) -> bytes:
-    """`chunk_digests` of the concatenation of `parts`, without building it (one thread)."""
-    out = []
-    h = hashlib.sha256()
-    pos = 0  # bytes fed to the hashes so far
+def _chunk_pieces(parts: Iterable[BytesLike], chunk_size: int) -> Iterator[list[memoryview]]:
+    """The views of `parts` that make up each `chunk_size` chunk of their concatenation."""
+    chunk: list[memoryview] = []
+    room = chunk_size
     for part in parts:
         piece = _view(part)
         while len(piece):
-            room = chunk_size - pos % chunk_size
-            h.update(piece[:room])
-            pos += min(room, len(piece))
-            piece = piece[room:]
-            if pos % chunk_size == 0:
-                out.append(h.digest())
-                h = hashlib.sha256()
-    if pos % chunk_size:
-        out.append(h.digest())
+            chunk.append(piece[:room])
+            taken = len(chunk[-1])
+            room -= taken
+            piece = piece[taken:]
+            if not room:
+                yield chunk
+                chunk, room = [], chunk_size
+    if chunk:
+        yield chunk
+
+
+def _digest_chunks(chunks: Iterable[Sequence[memoryview]], length: int) -> bytes:
+    """The digests of `chunks` (each a sequence of views hashed as one), on several threads
+    when the `length` bytes are many (hashlib releases the GIL). The chunks are taken a
+    batch at a time: a part that the pieces' producer copies (a strided array made
+    contiguous) is held only while its batch is hashed."""
+
+    if length < _PARALLEL_MIN or (os.cpu_count() or 1) < 2:
+        return b"".join(map(_sha256_of, chunks))
+    out: list[bytes] = []
+    pending = iter(chunks)
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        while batch := list(islice(pending, _PARALLEL_BATCH)):
+            out.extend(pool.map(_sha256_of, batch))
     return b"".join(out)
+
+
+def _sha256_of(pieces: Sequence[memoryview]) -> bytes:
+    """The SHA-256 digest of `pieces` one after another."""
+    h = hashlib.sha256()
+    for piece in pieces:
+        h.update(piece)
+    return h.digest()
+
+
+def stream_digests(parts: Iterable[BytesLike], chunk_size: int = CHUNK_SIZE) -> bytes:
+    """`chunk_digests` of the concatenation of `parts`, without building it (one thread,
+    one chunk's pieces held at a time)."""
+    return b"".join(map(_sha256_of, _chunk_pieces(parts, chunk_size)))
 
 
 def tree_digest(digests: bytes, length: int, chunk_size: int = CHUNK_SIZE) -> str:
@@ -162,29 +187,9 @@ def _chunks(data: BytesLike | Segments, chunk_size: int) -> Iterator[BytesLike]:
     """The `chunk_size` pieces of `data` as views of its memory; only a chunk that spans
     two of a Segments' parts is joined (a copy of one chunk, never of a whole part: the
     pieces are all taken at once by the thread pool, and a part may be gigabytes)."""
-    if not isinstance(data, Segments):
-        view = _view(data)
-        yield from (view[i:i + chunk_size] for i in range(0, len(view), chunk_size))
-        return
-    pending: list[memoryview] = []  # the start of a chunk that spans parts
-    have = 0
-    for part in data.parts():
-        pos = 0
-        if pending:
-            pos = min(chunk_size - have, len(part))
-            pending.append(part[:pos])
-            have += pos
-            if have < chunk_size:
-                continue
-            yield b"".join(pending)
-            pending, have = [], 0
-        while len(part) - pos >= chunk_size:
-            yield part[pos:pos + chunk_size]
-            pos += chunk_size
-        if pos < len(part):
-            pending, have = [part[pos:]], len(part) - pos
-    if pending:
-        yield b"".join(pending)
+    parts = data.parts() if isinstance(data, Segments) else (data,)
+    for pieces in _chunk_pieces(parts, chunk_size):
+        yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def lane64_digests(data: BytesLike | Segments, chunk_size: int = CHUNK_SIZE) -> bytes:

@@ -168,6 +168,14 @@ def cache_enabled(config: dict[str, Any] | None = None) -> bool:
     return bool((config or {}).get("kiln.cache", True))
 
 
+def kernel_cache_enabled(config: dict[str, Any] | None = None) -> bool:
+    """Whether a build under this PassContext `config` uses the kernel cache
+    (kiln.codegen.kernel_cache): `kiln.kernel_cache` when the config sets it, else
+    as the compile cache (`cache_enabled`). The environment's switches still win."""
+    config = config or {}
+    return bool(config.get("kiln.kernel_cache", cache_enabled(config)))
+
+
 def cache_key(*, ir_fingerprint: str, target_fingerprint: str, prefix: str,
               codegen: str) -> str:
     """The hex key of one build."""

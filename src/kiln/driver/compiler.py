@@ -195,8 +195,10 @@ def _generate(codegen_name: str, built: IRModule, tgt: Target, prefix: str,
         writer = cache.store_object_async(
             cache.chunked_object_name(pool.size, CHUNK_SIZE, pool.chunk_digests()),
             pool.size, pool.parts())
-    # The kernel cache follows the compile cache's switch (kiln.codegen.kernel_cache).
-    token = kernel_cache.enabled_in_build.set(cache.cache_enabled(PassContext.current().config))
+    # The kernel cache follows the compile cache's switch unless the config sets its own
+    # (kiln.codegen.kernel_cache).
+    token = kernel_cache.enabled_in_build.set(
+        cache.kernel_cache_enabled(PassContext.current().config))
     try:
         with timed_step("codegen"):
             return codegen.build(outline_for(codegen_name, built, verified=True), tgt,

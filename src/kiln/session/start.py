@@ -356,7 +356,11 @@ def compiled_session(source: Path | bytes | Any, key: str | None, options: Sessi
         meta = ModelMetadata() if proto is None else metadata_of(proto)
         outer = PassContext.current()
         # The session's entry holds the weights (in its library): not the codegen's too.
-        config = {**outer.config, "kiln.cache": False} if key is not None else outer.config
+        # The kernels still come from (and go to) the kernel cache: another model's
+        # session, or this one's with other options, compiles only kernels it lacks.
+        config = {**outer.config, "kiln.cache": False,
+                  "kiln.kernel_cache": cache.kernel_cache_enabled(outer.config)} \
+            if key is not None else outer.config
         with PassContext([*outer.instruments, progress], config, outer.disabled_passes):
             imported = model if proto is None else from_onnx(model, _shape_dict(options))
             ex = compile_model(imported, "host", **compile_arguments(options))

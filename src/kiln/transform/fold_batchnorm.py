@@ -148,16 +148,27 @@ def _folded_call(conv: _Conv) -> g.Call:
     call = conv.call
     w = call.args[1]
     assert isinstance(w, g.Constant)
-    weight = w.data.astype(np.float64) * conv.scale.reshape((-1,) + (1,) * (w.data.ndim - 1))
     bias = conv.shift.copy()
     if len(call.args) > 2:
         b = call.args[2]
         assert isinstance(b, g.Constant)
         bias += b.data.astype(np.float64) * conv.scale
     dtype = w.data.dtype
-    new_w, new_b = g.Constant(weight.astype(dtype), w.name), g.Constant(bias.astype(dtype))
+    new_w, new_b = g.Constant(_scaled(w.data, conv.scale), w.name), g.Constant(bias.astype(dtype))
     _record_folded(conv, w, call.args[2] if len(call.args) > 2 else None, new_w, new_b)
     return g.Call(call.op, (call.args[0], new_w, new_b), call.attrs, call.ret_type)
+
+
+def _scaled(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """`(w.astype(float64) * scale[:, None, ...]).astype(w.dtype)`, the same bits: for a
+    float weight the ufunc multiplies in float64 block by block and rounds each product
+    once into the result, with no float64 temporaries of the weight's size."""
+    column = scale.reshape((-1,) + (1,) * (w.ndim - 1))
+    if w.dtype not in (np.float16, np.float32, np.float64):
+        return (w.astype(np.float64) * column).astype(w.dtype)
+    out = np.empty(w.shape, w.dtype)
+    np.multiply(w, column, out=out, dtype=np.float64, casting="same_kind")
+    return out
 
 
 def _record_folded(conv: _Conv, w: g.Constant, b: g.Expr | None, new_w: g.Constant,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -163,6 +164,11 @@ def _strip(buf: _File) -> tuple[bytes, list[tuple[int, int] | None]]:
 
 
 ARENA_ALIGN = 64
+# Weights are read in pieces of this size, on two threads when there are this many
+# bytes: the copy from the page cache and the first touch of the fresh arena's pages
+# (most of an import of hundreds of megabytes) are shared by two cores.
+_READ_PIECE = 8 << 20
+_PARALLEL_READ_MIN = 32 << 20
 
 
 def load_with_views(path: str) -> tuple[Any, dict[int, np.ndarray]]:
@@ -217,20 +223,40 @@ def read_with_views(path: str) -> tuple[Any, dict[int, np.ndarray]]:
             end = -(-(end + length) // ARENA_ALIGN) * ARENA_ALIGN
         arena = _aligned_bytes(end)
         views: dict[int, np.ndarray] = {}
+        reads: list[tuple[int, int, memoryview]] = []  # (initializer, file offset, its slot)
         for i, offset, at, dtype in slots:
-            init = inits[i]
-            shape = tuple(init.dims)
+            shape = tuple(inits[i].dims)
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            try:
-                buf.read_into(offset, arena[at:at + nbytes].data)
-            except _WireError:
-                raise FrontendError(f"{path!r}: initializer {init.name!r}: the file ends "
-                                    "inside its data (truncated?)") from None
+            reads += [(i, offset + j, arena[at + j:at + min(j + _READ_PIECE, nbytes)].data)
+                      for j in range(0, nbytes, _READ_PIECE)]
             views[i] = arena[at:at + nbytes].view(dtype).reshape(shape)
+        short = _read_pieces(buf, reads, end)
+        if short is not None:
+            raise FrontendError(f"{path!r}: initializer {inits[short].name!r}: the file ends "
+                                "inside its data (truncated?)")
         arena.flags.writeable = False
         for v in views.values():
             v.flags.writeable = False
     return proto, views
+
+
+def _read_pieces(buf: _File, reads: list[tuple[int, int, memoryview]], total: int
+                 ) -> int | None:
+    """Fill each `(initializer, file offset, slot)` of `reads` from the file; the first
+    initializer whose data the file ends inside of, or None."""
+
+    def one(read: tuple[int, int, memoryview]) -> int | None:
+        try:
+            buf.read_into(read[1], read[2])
+        except _WireError:
+            return read[0]
+        return None
+
+    if total < _PARALLEL_READ_MIN or (os.cpu_count() or 1) < 2:
+        results = map(one, reads)
+        return next((i for i in results if i is not None), None)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # preadv releases the GIL
+        return next((i for i in pool.map(one, reads) if i is not None), None)
 
 
 def load_external_data(proto: Any, path: str, views: dict[int, np.ndarray] | None = None

@@ -104,7 +104,7 @@ def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
     # laid out [9][O*I] gives u's layout directly (an einsum over the six indices is
     # several times slower)
     o, i = w.shape[:2]
-    taps = np.ascontiguousarray(w.astype(np.float64).reshape(o * i, 9).T)
+    taps = w.reshape(o * i, 9).T.astype(np.float64, order="C")  # cast and laid out at once
     u = np.dot(np.kron(g, g), taps)
     return u.astype(w.dtype).reshape((m + 2) ** 2, o, i)
 
