@@ -25,7 +25,7 @@ from kiln.kernels.gemm.knobs import GemmTiling
 from kiln.kernels.gemm.loop_nest import gemm_body
 from kiln.kernels.gemm.micro_kernel import BReader, GemmShape, choose_gemm_tiling
 from kiln.kernels.gemm.run_time_pack import pack_b_at_run_time
-from kiln.kernels.gemm.schedule import GemmSchedule, rows_first
+from kiln.kernels.gemm.schedule import GemmSchedule, prefetches_panels, rows_first
 from kiln.kernels.registry import Family, fits_registers
 from kiln.kernels.tiles import tile_lanes, tile_registers
 from kiln.ops.broadcast import broadcast_shapes
@@ -195,8 +195,12 @@ def _gemm(op: str, params: Sequence[Any], args: Sequence[Any], anchor: Any, resu
                                                 tile.nr, transpose_b, isa=isa)
         by_rows = rows_first(shape, tile, isa.l2_bytes, itemsize(a.dtype))
         schedule = GemmSchedule(tile, isa.fma, by_rows=by_rows)
+        panels = None
+        if run_time_b is None and not by_rows and prefetches_panels(
+                int(bb.shape[1]), int(bb.shape[0]), tile.nr, isa, itemsize(bb.dtype)):
+            panels = bb
         return gemm_body(shape, schedule, ab, b_at, store.out, store.epilogue, prologue,
-                         isa=isa)
+                         isa=isa, prefetch=panels)
 
     body = nest(tiling)
     narrow = narrow_columns_tile(shape, tiling, isa) if run_time_b is not None else None

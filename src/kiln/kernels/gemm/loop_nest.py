@@ -57,11 +57,15 @@ PanelRead = Callable[[PrimExpr, PrimExpr], PrimExpr]
 
 def gemm_body(shape: GemmShape, schedule: GemmSchedule, a: Buffer, b_at: BReader,
               out: Buffer, epilogue: Epilogue, prologue: Sequence[Stmt] = (), *,
-              isa: ISA) -> Stmt:
+              isa: ISA, prefetch: Buffer | None = None) -> Stmt:
     """The loop nest of `out = epilogue(A @ B)` on `schedule` (`GemmSchedule`): `a` is A
     (`[*a_batch, *rows, k]`, read in place), `b_at` reads B's panels, `out` is
-    `[*batch, *rows, n]`; `prologue` runs first (a run-time packing of B)."""
-    nest = plan_nest(shape, schedule, a, b_at, out, epilogue, isa)
+    `[*batch, *rows, n]`; `prologue` runs first (a run-time packing of B); `prefetch`:
+    B's packed panels, the next of which the full-height row tiles prefetch (the
+    unblocked nest, panel by panel: kiln.kernels.gemm.schedule.prefetches_panels)."""
+    nest = plan_nest(shape, schedule, a, b_at, out, epilogue, isa, prefetch)
+    if nest.pf is not None:
+        prologue = (*nest.pf.decls, *prologue)
     nest, prologue = _rows_flattened(nest, prologue)
     blocking = schedule.blocking
     caches = k_block_caches()
@@ -249,7 +253,11 @@ def _one_tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
             and k >= 2 * splits:  # a symbolic M's few rows left (`_row_remainder`)
         acc, red = row_tile(nr, k, a_rows, b_row, acc_t, fused, splits)
     elif part is None:
-        acc, red = register_tile(mr, nr, k, a_rows, b_row, acc_t, fused)
+        pf = nest.pf if copied is None and mr == nest.schedule.tiling.mr else None
+        if pf is not None:  # the next panel's row at each step (`GemmNest.pf`)
+            head.append(pf.start((panel, const(0), const(0)), pf.ahead))
+        acc, red = register_tile(mr, nr, k, a_rows, b_row, acc_t, fused, also=None if pf is None
+                                 else (lambda kk: _next_panel_row(nest, mt, kk)))
     else:
         sums, row0 = part.sums, part.row0
         acc, red = register_tile(
@@ -266,6 +274,23 @@ def _one_tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
                                             for r in range(mr))))
     return seq(*head, *red, Allocate(stage), copy,
                *_tile_stores(nest, _TileOut(bidx, panel, mt, stage)))
+
+
+#: The next panel's rows are prefetched by this many row tiles of the current one, each
+#: a consecutive share of them (a prompt's 128 rows: 16 tiles of 8), so the panel
+#: streams in over the whole panel's work, not in a burst.
+PREFETCH_TILES = 16
+
+
+def _next_panel_row(nest: GemmNest, mt: PrimExpr, kk: PrimExpr) -> list[Stmt]:
+    """Step `kk` of row tile `mt`: a prefetch of the next panel's row that is this
+    tile's share (`PREFETCH_TILES` consecutive shares of K's rows), each row for
+    `PREFETCH_TILES` steps in turn; the tiles past them prefetch the last share again."""
+    assert nest.pf is not None and isinstance(nest.shape.k, int)
+    k = nest.shape.k
+    share = max(1, k // PREFETCH_TILES)
+    row = min_(min_(mt, PREFETCH_TILES - 1) * share + kk // PREFETCH_TILES, k - 1)
+    return nest.pf.at(row * nest.nr, nest.nr)
 
 
 @dataclass(frozen=True)

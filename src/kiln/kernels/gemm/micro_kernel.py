@@ -150,9 +150,12 @@ def register_tile(mr: int, nr: int, k: PrimExpr | int,
                   a_rows: Sequence[Callable[[PrimExpr], PrimExpr]],
                   b_row: Callable[[PrimExpr, PrimExpr], PrimExpr], dtype: str,
                   fused: bool, init: Callable[[int, PrimExpr], PrimExpr] | None = None,
-                  k0: PrimExpr | int = 0) -> tuple[Buffer, list[Stmt]]:
+                  k0: PrimExpr | int = 0,
+                  also: Callable[[PrimExpr], Sequence[Stmt]] | None = None
+                  ) -> tuple[Buffer, list[Stmt]]:
     """The micro-kernel: `acc[r, v] = init(r, v) + sum over k0 <= kk < k0 + k of
-    a_rows[r](kk) * b_row(kk, v)` (`init` zero when None).
+    a_rows[r](kk) * b_row(kk, v)` (`init` zero when None); `also(kk)`: statements each
+    step runs after its multiply-adds (prefetches).
 
     Returns the `local` accumulator buffer `acc[mr][nr]` and the statements computing it.
     Each step binds the `mr` A values once (scalars, broadcast) and runs the lanes `v`
@@ -176,7 +179,7 @@ def register_tile(mr: int, nr: int, k: PrimExpr | int,
                 Store(acc, madd(acc[_c(r), v], xs[r], bv, fused), (_c(r), v))
                 for r in range(mr)))
 
-        return seq(*lets, lanes_loop("v", nr, lane))
+        return seq(*lets, lanes_loop("v", nr, lane), *(also(kk) if also else ()))
 
     stmts.append(reduction_loop("k", k0, k, k_unroll(), step))
     return acc, stmts

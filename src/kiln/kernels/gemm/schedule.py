@@ -19,6 +19,7 @@ from kiln.ir.visitor import iter_exprs
 from kiln.kernels.gemm.knobs import GemmTiling, KBlocking
 from kiln.kernels.gemm.micro_kernel import BReader, GemmShape
 from kiln.kernels.math import BUILDERS, CPU_KINDS
+from kiln.kernels.prefetch import WeightPrefetch
 from kiln.kernels.tiles import Epilogue, const
 from kiln.target.isa import ISA
 
@@ -86,6 +87,23 @@ def rows_first(shape: GemmShape, tiling: GemmTiling, l2_bytes: int, itemsize: in
     return size(shape.k) * panels * tiling.nr * itemsize <= ROWS_FIRST_L2_SHARE * l2_bytes
 
 
+#: Packed B panels of at least this share of L2 are prefetched a panel ahead
+#: (`prefetches_panels`): a B that large is read from memory in a model, where the
+#: layers between two calls evict it.
+PREFETCH_B_L2_SHARE = 1.0
+
+
+def prefetches_panels(k: int, panels: int, nr: int, isa: ISA, itemsize: int = 4) -> bool:
+    """Whether a GEMM over B packed at compile time (`panels` panels of `k` x `nr`)
+    prefetches the next panel while it computes one (`GemmNest.pf`). Panel by panel,
+    a panel's first row tile reads it from memory in a burst (a prompt's 128 rows
+    over a 2048 x 2048 layer: 256 KB in the time of one 8-row tile, more bandwidth than
+    one core gets) while the other row tiles find it in L2 and leave the memory idle;
+    the prefetches stream the next panel in during all of them."""
+    return isa.l2_bytes > 0 and panels > 1 \
+        and k * panels * nr * itemsize >= PREFETCH_B_L2_SHARE * isa.l2_bytes
+
+
 @dataclass(frozen=True)
 class GemmNest:
     """One GEMM loop nest's operands and sizes: `a` is A (`[*a_batch, *rows, k]`, read in
@@ -121,12 +139,17 @@ class GemmNest:
     #: (`[*a_batch, m, k]`) and the tiles store through this view of `out` (`[*batch,
     #: m, n]`); None: A and `out` as they are
     out_rows: Buffer | None = None
+    #: each step of a full-height row tile also prefetches the next panel's B row at
+    #: that step (`prefetches_panels`); None: no prefetches
+    pf: WeightPrefetch | None = None
 
 
 def plan_nest(shape: GemmShape, schedule: GemmSchedule, a: Buffer, b_at: BReader,
-              out: Buffer, epilogue: Epilogue, isa: ISA) -> GemmNest:
+              out: Buffer, epilogue: Epilogue, isa: ISA, prefetch: Buffer | None = None
+              ) -> GemmNest:
     """The nest of `shape` on `schedule`'s tile (IRError for an empty product or a shifted
-    last panel it cannot have)."""
+    last panel it cannot have); `prefetch`: B's packed panels `[panels, k, nr]`, whose
+    next panel each full-height row tile prefetches (`GemmNest.pf`)."""
     m, n = shape.m, shape.n
     static_m = isinstance(m, int)  # else an expression of the kernel's dim scalars
     if (static_m and m < 1) or (isinstance(n, int) and n < 1):
@@ -141,9 +164,13 @@ def plan_nest(shape: GemmShape, schedule: GemmSchedule, a: Buffer, b_at: BReader
     # symbolic M: any row but the first may be past the end (M >= 1 when a tile runs)
     surplus_from = last_rows if static_m else 1
     two_pass = out.dtype == a.dtype and calls_a_library(epilogue, out.ndim, isa=isa)
+    # a product of one row tile has no other tiles to hide the next panel behind
+    pf = (WeightPrefetch(prefetch, int(prefetch.shape[1]) * nr)
+          if prefetch is not None and (not static_m or mtiles > 1) else None)
     return GemmNest(shape, schedule, a, b_at, out, epilogue, isa, m, n, static_m, mr, nr,
                     mtiles, panels, whole_panels, schedule.shifted_tail and not whole_panels,
-                    last_rows, not static_m or mtiles > 1, surplus_from, a.dtype, two_pass)
+                    last_rows, not static_m or mtiles > 1, surplus_from, a.dtype, two_pass,
+                    pf=pf)
 
 
 # Intrinsics that become instructions (the others are math library calls).
