@@ -13,9 +13,10 @@ the same prompt, the builder's end-of-sequence token stopping both):
 
 - float32: the tokens are equal;
 - int4: the builder writes MatMulNBits at accuracy level 4, which onnxruntime computes
-  with the activations quantized to int8 per block, as kiln's one-row products do, but
-  kiln's prefill sums in float32 (docs/llm.md, "How far a 4-bit model may differ"), so
-  a free-running sequence may part at a close choice and never meet again. The
+  with the activations quantized to int8 per block, as kiln's products do (the same
+  int8 codes and integer sums), but the blocks' float32 sums, the attention and the
+  norms add in other orders (docs/llm.md, "How far a 4-bit model may differ"), so a
+  free-running sequence may part at a close choice and never meet again. The
   agreement is taken teacher-forced, kiln's choice at each position of genai's
   sequence, reported (`record_property`) and held to INT4_AGREEMENT, the issue's 120
   of 128;

@@ -8,15 +8,15 @@ One model over symbolic rows holds three nodes (both paths in one kernel, one co
 target): blocks of 16 and 128 with packed uint8 zero points, blocks of 32 with the
 default zero point; K = 136 (no multiple of any block: the last block padded), N = 40 (a
 partial panel); rows M = 1 (the GEMV), 2, 7 and 33 (the GEMM: one short row tile, a
-clamped row tile, several chunks with a partial last one). Targets: the host's LLVM (VNNI
-zmm on AVX512-VNNI hosts), its C build, AVX2 without VNNI (`dot4_u8s8_sat16`: vpmaddubsw,
-exact for 4-bit codes) and AVX-512BW without VNNI. Float zero points (which onnxruntime
-keeps in float32) are checked at import.
+clamped row tile, several chunks with a partial last one). Every block of A holds a value
+that MLAS' multiplier `127 / max|a|` and `1 / (max|a| / 127)` round to different int8
+codes (_near_halves), so A must be quantized as MLAS does, not only about as. Targets:
+the host's LLVM (VNNI zmm on AVX512-VNNI hosts), its C build, AVX2 without VNNI
+(`dot4_u8s8_sat16`: vpmaddubsw, exact for 4-bit codes) and AVX-512BW without VNNI.
+Float zero points (which onnxruntime keeps in float32) are checked at import.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 import onnx
@@ -71,9 +71,37 @@ def _target(name: str) -> Target:
     return target
 
 
-def _feeds(names: Any, rows: tuple[int, ...], seed: int) -> dict[str, np.ndarray]:
+def _near_halves(rng: np.random.Generator, rows: tuple[int, ...], block: int
+                 ) -> np.ndarray:
+    """Random A whose every block holds a value that `round(a * (127 / max|a|))` (MLAS)
+    and `round(a * (1 / (max|a| / 127)))` round to different integers: each block's peak
+    is one where the two multipliers differ, and its second value lies between the two
+    multipliers' half-way points."""
+    a = rng.standard_normal((*rows, K)).astype(np.float32)
+    for row in a.reshape(-1, K):
+        for start in range(0, K, block):
+            peak, x = _straddle(rng)
+            part = row[start:start + block]
+            part *= np.float32(0.9) * peak / np.abs(part).max()
+            part[0], part[1] = peak, -x
+    return a
+
+
+def _straddle(rng: np.random.Generator) -> tuple[np.float32, np.float32]:
+    """A block peak and a value below it that the two multipliers round apart."""
+    while True:
+        peak = np.float32(rng.uniform(2.0, 3.0))
+        mlas, other = np.float32(127) / peak, np.float32(1) / (peak / np.float32(127))
+        half = np.float32((rng.integers(10, 100) + 0.5) / mlas)
+        for x in half + np.arange(-8, 9, dtype=np.float32) * np.spacing(half):
+            if np.rint(x * mlas) != np.rint(x * other):
+                return peak, np.float32(x)
+
+
+def _feeds(cases: dict[str, tuple[int, str]], rows: tuple[int, ...], seed: int
+           ) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {f"a_{n}": rng.standard_normal((*rows, K)).astype(np.float32) for n in names}
+    return {f"a_{n}": _near_halves(rng, rows, block) for n, (block, _) in cases.items()}
 
 
 @pytest.mark.parametrize("name", ["llvm", "c", AVX2, AVX512BW])

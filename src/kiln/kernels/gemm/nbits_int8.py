@@ -6,9 +6,12 @@ spends about 14 vector instructions a byte row of codes on unpacking and convert
 them, which keeps one thread below the memory bandwidth. Here the codes stay integers:
 
 - **A, once a call**: each block of A is quantized as onnxruntime's MLAS does
-  (`QuantizeARow_CompInt8`): `scale = max|a| / 127`, `q = round_half_even(a / scale)`
-  (0 where the block is all zero), packed 4 int8 a word, word `g` of a block holding
-  `k = g + i * block / 4` in byte `i`, so the packing reads contiguous vectors of A.
+  (`QuantizeARow_CompInt8`): `scale = max|a| / 127`, `q = round_half_even(a * (127 /
+  max|a|))` (0 where the block is all zero; the multiplier is `127 / max|a|` rounded
+  once, as MLAS computes it, not `1 / scale`, which is an ulp off in a quarter of the
+  blocks and then rounds an A value near a half the other way), packed 4 int8 a word,
+  word `g` of a block holding `k = g + i * block / 4` in byte `i`, so the packing reads
+  contiguous vectors of A.
   Each block's sum of `q` is kept for the zero points. This runs on one thread before
   every GEMV's parallel tiles, so each step is a vector operation: the block's peak and
   its codes' sum are folded by halves, and its codes are computed as one contiguous run
@@ -164,7 +167,7 @@ def quantize_a(nest: NbitsNest, aw: Buffer, ascale: Buffer, aqsum: Buffer,
     total = _fold_lanes(qpart, quarter, lambda x, y: x + y)
     body = seq(
         find_peak, LetStmt(amax, lane_peak[const(0)]), LetStmt(scale, amax / _f32(Q_MAX)),
-        LetStmt(inv, select(compare("ne", scale, _f32(0.0)), _f32(1.0) / scale, _f32(0.0))),
+        LetStmt(inv, select(compare("ne", amax, _f32(0.0)), _f32(Q_MAX) / amax, _f32(0.0))),
         pack, total, Store(ascale, scale, (first + blk,)),
         Store(aqsum, Cast("float32", qpart[const(0)]) * scale, (first + blk,)))
     return seq(Allocate(lane_peak), Allocate(qpart), Allocate(qbuf),
