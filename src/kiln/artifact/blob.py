@@ -23,7 +23,7 @@ from enum import IntEnum
 from typing import Any, NoReturn
 
 from kiln import __version__
-from kiln.artifact._json import canonical_json, freeze_object, parse_json_object
+from kiln.artifact._json import canonical_json, freeze_object, parse_json_object, split_entry
 from kiln.artifact.artifact import (
     NATIVE,
     Artifact,
@@ -323,14 +323,17 @@ def blob_length(header: bytes | bytearray | memoryview) -> int:
     return int(total)
 
 
-def unpack(data: bytes | bytearray | memoryview, *, copy: bool = True) -> BlobContents:
+def unpack(data: bytes | bytearray | memoryview, *, copy: bool = True,
+           skip: tuple[str, ...] = ()) -> BlobContents:
     """Parse and check blob bytes; FormatError on anything unexpected.
 
     `data` must be exactly the blob (as long as its header says). With `copy`
     False the artifacts' contents are read-only views of `data` rather than
     copies: the caller keeps `data` valid for as long as the artifacts live
     (the runtime passes a read-only file mapping, whose pages the kernel reads
-    back from the file when a view is used).
+    back from the file when a view is used). The metadata's top-level object
+    entries named in `skip` are left out unparsed (the runtime skips "graphs",
+    which only reports read, from the library's own metadata).
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ArgumentTypeError(f"unpack expects bytes-like data, got {type(data).__name__}")
@@ -370,8 +373,13 @@ def unpack(data: bytes | bytearray | memoryview, *, copy: bool = True) -> BlobCo
     modules = _decode_modules(view, sections[SectionKind.MODULES])
     row_ptr, child_indices = _decode_tree(view, sections[SectionKind.IMPORT_TREE])
     start, end = sections[SectionKind.METADATA]
-    metadata = parse_json_object(bytes(view[start:end]), "kiln blob: METADATA section",
-                                 FormatError)
+    raw = bytes(view[start:end])
+    text: str | bytes = raw
+    if skip and raw.isascii():  # anything else: the parser's own errors, unskipped
+        text = raw.decode("ascii")
+        for key in skip:
+            text = split_entry(text, key)[0]
+    metadata = parse_json_object(text, "kiln blob: METADATA section", FormatError)
     _check_structure([a.loader for a in artifacts], modules, row_ptr, child_indices, _fail)
     linked: tuple[LinkedData, ...] = ()
     if SectionKind.LINKED_DATA in sections:

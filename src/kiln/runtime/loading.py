@@ -294,7 +294,7 @@ def _read_blob(lib: LibraryModule, found: BlobSymbol) -> BlobContents:
                 and found.file_offset + length <= found.section_end:
             mapped = BlobView(lib.path, found.file_offset, length)
             try:
-                return unpack(mapped.view, copy=False)
+                return unpack(mapped.view, copy=False, skip=("graphs",))
             finally:
                 mapped.drop()
         view = memoryview((ctypes.c_uint8 * length).from_address(address)).cast("B")
