@@ -24,6 +24,11 @@ class LazyGraphs(dict[str, Any]):
         super().__init__()
         self._pending: tuple[str, Callable[[str], dict[str, Any]]] | None = (text, load)
 
+    @property
+    def parsed(self) -> bool:
+        """Whether the text has been parsed (by a first read)."""
+        return self._pending is None
+
     def _ready(self) -> None:
         if self._pending is not None:
             text, load = self._pending
