@@ -270,8 +270,9 @@ def _reject_constant(name: str) -> NoReturn:
     raise FormatError(f"{name} is not valid JSON")
 
 
-# A JSON string (escapes included) or a bracket: enough to find where a value ends.
-_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+# A JSON string (escapes included; an unterminated one runs to the end, so a damaged
+# text is scanned once, in linear time) or a bracket: enough to find where a value ends.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*+(?:"|\Z)|[\[\]{}]', re.DOTALL)
 _COLON = re.compile(r"\s*:\s*\{")  # a key's colon, then an object
 _COMMA = re.compile(r"\s*,\s*")
 
