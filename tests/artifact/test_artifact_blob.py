@@ -463,3 +463,23 @@ def test_pack_refuses_inconsistent_linked_data():
                        (blob.LinkedData(2, 4096, 13, 4096, bytes(32)),))  # host.c: source
     with pytest.raises(ValueError, match="is not a linked native stub"):
         blob.pack(bad)
+
+
+def test_unpack_skips_metadata_entries_and_borrows_contents():
+    import json
+
+    from kiln.runtime.lazy_graphs import LazyGraphs
+    graphs = {"main": {"tensors": ["}{\"", [1]], "kernels": []}}
+    meta = {"prefix": "p_", "graphs": graphs, "functions": {"f": {"graphs": 1}}}
+    art = Artifact("host", "native", "host.c", b"int x;\n")
+    data = blob.pack(blob.build_contents(ArtifactSet([art]), meta))
+    whole = blob.unpack(data)
+    lean = blob.unpack(memoryview(data), copy=False, skip=("graphs",))
+    assert dict(lean.metadata) == {k: v for k, v in whole.metadata.items() if k != "graphs"}
+    content = next(iter(lean.artifacts)).content
+    assert isinstance(content, memoryview) and bytes(content) == b"int x;\n"
+    # the entry as text, parsed (once) when read
+    rest, raw = blob.split_entry(json.dumps(meta), "graphs")
+    assert json.loads(rest) == {k: v for k, v in meta.items() if k != "graphs"}
+    lazy = LazyGraphs(raw or "", json.loads)
+    assert lazy == graphs and lazy["main"]["tensors"][0] == "}{\""

@@ -58,4 +58,6 @@ def test_the_summary_is_in_the_library(compiled: kiln.Executable, tmp_path) -> N
     compiled.export_library(tmp_path / "m.so")
     lib = load_module(str(tmp_path / "m.so"))
     assert lib.metadata["version"] == LIBRARY_FORMAT_VERSION
-    assert lib.metadata["graphs"] == compiled.metadata["graphs"]
+    graphs = lib.metadata["graphs"]
+    assert not graphs.parsed  # only reports read it: parsed on first use
+    assert graphs == compiled.metadata["graphs"] and graphs.parsed

@@ -153,6 +153,9 @@ def test_inspect_source(hand_lib: Module) -> None:
     src = hand_lib.inspect_source("c")
     assert "// ---- c/kernels.c" in src and "kiln__kernel_add_one" in src
     assert "// ---- host/host.c" in src
+    # read through the blob's own file mapping, not copied out at load (kiln.runtime.blob_view)
+    host = next(a for a in hand_lib.artifacts if a.file_name == "host.c")
+    assert isinstance(host.content, memoryview) and host.content.readonly
     asm = hand_lib.inspect_source("asm")  # only C sources: what cc -S makes of them
     assert "# ---- c/kernels.c" in asm and "kiln__kernel_add_one:" in asm
     with pytest.raises(KilnError, match=r"no artifact to show as 'll' \(needs \.bc or \.ll"):

@@ -268,3 +268,43 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _reject_constant(name: str) -> NoReturn:
     raise FormatError(f"{name} is not valid JSON")
+
+
+# A JSON string (escapes included; an unterminated one runs to the end, so a damaged
+# text is scanned once, in linear time) or a bracket: enough to find where a value ends.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*+(?:"|\Z)|[\[\]{}]', re.DOTALL)
+_COLON = re.compile(r"\s*:\s*\{")  # a key's colon, then an object
+_COMMA = re.compile(r"\s*,\s*")
+
+
+def split_entry(text: str, key: str) -> tuple[str, str | None]:
+    """(`text` without the top-level entry `key`, that entry's value as JSON text),
+    for the JSON object `text`; (`text`, None) when `key` is absent at the top level or
+    its value is not an object. Nothing is parsed: a malformed text is left whole
+    for the parser to reject."""
+    want = json.dumps(key)
+    depth = 0
+    key_at = value_at = -1  # where the entry starts and its value, once found
+    for m in _TOKEN.finditer(text):
+        tok = m.group()
+        if tok[0] in "{[":
+            depth += 1
+        elif tok[0] in "}]":
+            depth -= 1
+            if value_at >= 0 and depth == 1:
+                return _cut(text, key_at, value_at, m.end())
+        elif value_at < 0 and depth == 1 and tok == want and \
+                (colon := _COLON.match(text, m.end())):
+            key_at, value_at = m.start(), colon.end() - 1
+    return text, None
+
+
+def _cut(text: str, key_at: int, value_at: int, end: int) -> tuple[str, str]:
+    """`split_entry`'s result for the entry at [key_at, end), its value from value_at."""
+    after = _COMMA.match(text, end)
+    if after:  # the entry and its comma
+        return text[:key_at] + text[after.end():], text[value_at:end]
+    before = text[:key_at].rstrip()
+    if before.endswith(","):  # the last entry: the comma before it
+        return text[:len(before) - 1] + text[end:], text[value_at:end]
+    return text[:key_at] + text[end:], text[value_at:end]

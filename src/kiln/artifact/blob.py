@@ -23,7 +23,7 @@ from enum import IntEnum
 from typing import Any, NoReturn
 
 from kiln import __version__
-from kiln.artifact._json import canonical_json, freeze_object, parse_json_object
+from kiln.artifact._json import canonical_json, freeze_object, parse_json_object, split_entry
 from kiln.artifact.artifact import (
     NATIVE,
     Artifact,
@@ -323,10 +323,17 @@ def blob_length(header: bytes | bytearray | memoryview) -> int:
     return int(total)
 
 
-def unpack(data: bytes | bytearray | memoryview) -> BlobContents:
+def unpack(data: bytes | bytearray | memoryview, *, copy: bool = True,
+           skip: tuple[str, ...] = ()) -> BlobContents:
     """Parse and check blob bytes; FormatError on anything unexpected.
 
-    `data` must be exactly the blob (as long as its header says).
+    `data` must be exactly the blob (as long as its header says). With `copy`
+    False the artifacts' contents are read-only views of `data` rather than
+    copies: the caller keeps `data` valid for as long as the artifacts live
+    (the runtime passes a read-only file mapping, whose pages the kernel reads
+    back from the file when a view is used). The metadata's top-level object
+    entries named in `skip` are left out unparsed (the runtime skips "graphs",
+    which only reports read, from the library's own metadata).
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ArgumentTypeError(f"unpack expects bytes-like data, got {type(data).__name__}")
@@ -358,7 +365,7 @@ def unpack(data: bytes | bytearray | memoryview) -> BlobContents:
               f"computed {actual.hex()[:16]}... (the blob is damaged)")
 
     sections = _read_section_table(view, count, body_end, _kinds(version))
-    artifacts = _decode_artifacts(view, sections[SectionKind.ARTIFACTS], version)
+    artifacts = _decode_artifacts(view, sections[SectionKind.ARTIFACTS], version, copy)
     try:
         artifact_set = ArtifactSet(artifacts)
     except ValueError as err:
@@ -366,8 +373,13 @@ def unpack(data: bytes | bytearray | memoryview) -> BlobContents:
     modules = _decode_modules(view, sections[SectionKind.MODULES])
     row_ptr, child_indices = _decode_tree(view, sections[SectionKind.IMPORT_TREE])
     start, end = sections[SectionKind.METADATA]
-    metadata = parse_json_object(bytes(view[start:end]), "kiln blob: METADATA section",
-                                 FormatError)
+    raw = bytes(view[start:end])
+    text: str | bytes = raw
+    if skip and raw.isascii():  # anything else: the parser's own errors, unskipped
+        text = raw.decode("ascii")
+        for key in skip:
+            text = split_entry(text, key)[0]
+    metadata = parse_json_object(text, "kiln blob: METADATA section", FormatError)
     _check_structure([a.loader for a in artifacts], modules, row_ptr, child_indices, _fail)
     linked: tuple[LinkedData, ...] = ()
     if SectionKind.LINKED_DATA in sections:
@@ -442,6 +454,13 @@ class _Reader:
         self.pos += n
         return out
 
+    def borrow(self, n: int, what: str) -> memoryview:
+        """The next `n` bytes as a read-only view of the data (nothing copied)."""
+        self._need(n, what)
+        out = self.view[self.pos:self.pos + n].toreadonly()
+        self.pos += n
+        return out
+
     def text(self, what: str) -> str:
         raw = self.raw(self.u32(f"length of {what}"), what)
         try:
@@ -475,7 +494,8 @@ _MIN_ARTIFACT_SIZE = 4 * 4 + 8   # four empty strings + content length (five fro
 _MIN_MODULE_SIZE = 4 + 4         # empty loader + artifact count
 
 
-def _decode_artifacts(view: memoryview, span: tuple[int, int], version: int) -> list[Artifact]:
+def _decode_artifacts(view: memoryview, span: tuple[int, int], version: int,
+                      copy: bool = True) -> list[Artifact]:
     r = _Reader(view, span, "ARTIFACTS")
     out = []
     keyed = version >= 3
@@ -487,7 +507,8 @@ def _decode_artifacts(view: memoryview, span: tuple[int, int], version: int) -> 
         meta_raw = r.raw(r.u32(f"artifact {i} metadata length"), f"artifact {i} metadata")
         meta = parse_json_object(meta_raw, f"kiln blob: metadata of artifact {i} "
                                  f"({codegen_id}/{file_name})", FormatError)
-        content = r.raw(r.u64(f"artifact {i} content length"), f"artifact {i} content")
+        size, what = r.u64(f"artifact {i} content length"), f"artifact {i} content"
+        content = r.raw(size, what) if copy or not size else r.borrow(size, what)
         try:
             out.append(Artifact(codegen_id, loader, file_name, content, meta, target_key))
         except ValueError as err:

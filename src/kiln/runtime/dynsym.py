@@ -19,6 +19,7 @@ from kiln.artifact.elf import (
     SHN_LORESERVE,
     SHN_UNDEF,
     SHT_DYNSYM,
+    SHT_NOBITS,
     STT_OBJECT,
     ElfSymbols,
     choose_blob,
@@ -34,6 +35,11 @@ class BlobSymbol:
     name: str
     size: int
     machine: int  # ELF e_machine of the library
+    # Where the blob starts in the file and where its section's data ends there
+    # (None when the section has no data in the file): the blob is read through a
+    # mapping of its own (kiln.runtime.blob_view).
+    file_offset: int | None = None
+    section_end: int | None = None
 
     @property
     def prefix(self) -> str:
@@ -78,4 +84,9 @@ def find_blob_symbol(path: str, *, prefix: str | None = None) -> BlobSymbol:
         raise FormatError(f"{path}: no {what}: not a library exported by kiln (or the blob "
                           "symbol was stripped)")
     ((name, sym),) = candidates.items()
-    return BlobSymbol(name, sym.size, elf.machine)
+    section = elf.sections[sym.shndx] if sym.shndx < len(elf.sections) else None
+    if section is None or section.type == SHT_NOBITS or not \
+            section.addr <= sym.value <= section.addr + section.size:
+        return BlobSymbol(name, sym.size, elf.machine)
+    return BlobSymbol(name, sym.size, elf.machine, section.offset + sym.value - section.addr,
+                      section.offset + section.size)

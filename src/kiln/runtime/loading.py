@@ -27,16 +27,18 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from kiln.artifact.archive import read_tar
-from kiln.artifact.artifact import NATIVE, NONE, AnyArtifact, ArtifactSet
+from kiln.artifact.artifact import NATIVE, NONE, AnyArtifact, Artifact, ArtifactSet
 from kiln.artifact.blob import HEADER_SIZE, BlobContents, blob_length, unpack
 from kiln.artifact.elf import host_machine, machine_name
 from kiln.errors import ArgumentTypeError, FormatError, MissingFileError, UsageError
+from kiln.runtime.blob_view import BlobView
 from kiln.runtime.cpu_features import check_library
-from kiln.runtime.dynsym import find_blob_symbol
+from kiln.runtime.dynsym import BlobSymbol, find_blob_symbol
 from kiln.runtime.external_weights import attach, file_check, lent_chunks
 from kiln.runtime.library import export_library
 from kiln.runtime.loaders import LoadContext, run_loader
@@ -213,7 +215,7 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
     _check_machine(found.machine, path)
     root = LibraryModule(path, lib_prefix, cleanup_dir=cleanup_dir, num_threads=num_threads)
     try:
-        contents = _read_blob(root, symbol, found.size)
+        contents = _read_blob(root, found)
         blob_prefix = contents.metadata.get("prefix")
         if blob_prefix is not None and blob_prefix != lib_prefix:
             raise FormatError(f"{path}: blob symbol {symbol} belongs to prefix '{lib_prefix}' "
@@ -264,12 +266,17 @@ def _check_cpu_features(lib: LibraryModule, contents: BlobContents, path: Path) 
     check_library(lib.cdll, lib.prefix, required, triple, path.name)
 
 
-def _read_blob(lib: LibraryModule, symbol: str, size: int) -> BlobContents:
-    """Unpack the blob straight from the library's mapped read-only data.
+def _read_blob(lib: LibraryModule, found: BlobSymbol) -> BlobContents:
+    """Unpack the blob of the library `lib`, `found` its blob symbol.
 
-    `size` is the symbol's ELF size: nothing beyond it is read, whatever the
-    (possibly damaged) blob header claims.
+    The symbol's ELF size bounds what is read, whatever the (possibly damaged)
+    blob header claims. The blob is read from the file through a mapping of its
+    own (kiln.runtime.blob_view): the inspection artifacts stay views of it, and
+    its pages, resident after the checksum, are handed back once it is unpacked.
+    A blob whose place in the file is unknown is read from the loaded library
+    and copied out, so nothing keeps pointing into it after dlclose.
     """
+    symbol, size = found.name, found.size
     if size < HEADER_SIZE:
         raise FormatError(f"{lib.path}: blob symbol {symbol} is {size} bytes, smaller than "
                           f"a blob header ({HEADER_SIZE} bytes)")
@@ -283,15 +290,27 @@ def _read_blob(lib: LibraryModule, symbol: str, size: int) -> BlobContents:
         if length > size:
             raise FormatError(f"blob header gives {length} bytes, but symbol {symbol} "
                               f"holds only {size}")
+        if found.file_offset is not None and found.section_end is not None \
+                and found.file_offset + length <= found.section_end:
+            mapped = BlobView(lib.path, found.file_offset, length)
+            try:
+                return unpack(mapped.view, copy=False, skip=("graphs",))
+            finally:
+                mapped.drop()
         view = memoryview((ctypes.c_uint8 * length).from_address(address)).cast("B")
         try:
-            # unpack copies every artifact's bytes out, so nothing keeps
-            # pointing into the library after dlclose.
             return unpack(view)
         finally:
             view.release()
     except FormatError as exc:
         raise FormatError(f"{lib.path}: {exc}") from None
+
+
+def _owned(artifacts: list[Artifact]) -> list[AnyArtifact]:
+    """`artifacts` with contents of their own: a loader may keep them, whatever the
+    lifetime of the blob's mapping they were read from."""
+    return [replace(a, content=bytes(a.content)) if isinstance(a.content, memoryview) else a
+            for a in artifacts]
 
 
 def _build_tree(root: LibraryModule, contents: BlobContents) -> None:
@@ -319,7 +338,7 @@ def _build_tree(root: LibraryModule, contents: BlobContents) -> None:
             continue
         if ctx is None:
             ctx = LoadContext(root.prefix, root.metadata, root, None)
-        group: list[AnyArtifact] = list(contents.module_artifacts(index))
+        group = _owned(contents.module_artifacts(index))
         loaded[index] = run_loader(node.loader, group, ctx)
 
     def import_children(parent: Module, index: int, seen: set[int]) -> None:

@@ -28,6 +28,7 @@ from kiln.errors import ArgumentTypeError, FormatError, KilnError, UsageError, s
 from kiln.runtime import abi, ctypes_abi, swap, threads
 from kiln.runtime.dim_binding import is_dim_text
 from kiln.runtime.function import NativeFunction, PackedFunction
+from kiln.runtime.lazy_graphs import LazyGraphs, split_entry
 from kiln.runtime.lifetime import CallGuard
 from kiln.runtime.memory_library import is_memory_path
 from kiln.runtime.profile import ProfileCounters, ProfileRow, not_profiled
@@ -536,11 +537,23 @@ def _is_size(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _parse_graphs(raw: str, where: str) -> dict[str, Any]:
+    """The "graphs" entry's JSON text `raw`, parsed and checked like the rest."""
+    graphs: dict[str, Any] = check_library_metadata(
+        {"graphs": parse(raw, Obj(extra=Anything()), where)}, where)["graphs"]
+    return graphs
+
+
 def _parse_library_metadata(text: str, path: Path) -> dict[str, Any]:
     # Strict JSON of bounded depth (a crafted file must not raise RecursionError), typed
     # by the one schema every reader of library metadata uses.
     where = f"{path}: library metadata"
+    text, graphs = split_entry(text, "graphs")  # for reports only: parsed when read
     meta = check_library_metadata(parse(text, Obj(extra=Anything()), where), where)
+    if graphs is not None:
+        if "graphs" in meta:
+            raise FormatError(f"{where}: duplicate key 'graphs'")
+        meta["graphs"] = LazyGraphs(graphs, lambda raw: _parse_graphs(raw, where))
     if meta.get("format") != LIBRARY_FORMAT:
         found = meta.get("format")
         raise FormatError(f"{path}: expected library metadata of format "
