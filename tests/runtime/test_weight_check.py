@@ -56,7 +56,9 @@ def test_the_background_thread_checks_everything(built):
         np.testing.assert_array_equal(lib["main"](IDX), table[IDX])
         assert check.done and check.error is None
         if os.path.exists("/proc/self/smaps"):  # Linux: the check's pages were handed back,
-            assert resident_mib(so) < 4  # the gather keeps (about) its three rows' pages
+            # the gather keeps (about) its three rows' pages of the 12 MiB table: the margin
+            # leaves room for a host's fault-around and huge pages
+            assert resident_mib(so) < 8
 
 
 def resident_mib(path: Path) -> float:
