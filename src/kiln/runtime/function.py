@@ -447,7 +447,8 @@ class SymbolicSizes:
     model's call costs little more than these few lookups)."""
 
     def __init__(self, params: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]],
-                 bounds: Mapping[str, tuple[int, int | None]]) -> None:
+                 bounds: Mapping[str, tuple[int, int | None]],
+                 nonzero: Sequence[tuple[str, str]] = ()) -> None:
         first: dict[str, tuple[int, int]] = {}
         for i, p in enumerate(params):
             for axis, d in enumerate(p["shape"]):
@@ -455,6 +456,9 @@ class SymbolicSizes:
                     first.setdefault(d, (i, axis))
         self.first = list(first.items())
         self.bounds = [(name, low, high) for name, (low, high) in bounds.items()]
+        # the sizes the model divides by (bind_dims' `nonzero`): a 0 among them is the
+        # general path's to report, as the C entry would
+        self.nonzero = [compile_dim_text(text) for text, _ in nonzero]
         # each argument's shape: the tuple itself when static, else its dims' sizes
         self.dims: list[tuple[int, ...] | list[Any]] = [
             tuple(p["shape"]) if all(isinstance(d, int) for d in p["shape"])
@@ -489,6 +493,8 @@ class SymbolicSizes:
             kinds = [dims if isinstance(dims, tuple)
                      else tuple(d if isinstance(d, int) else d(sizes) for d in dims)
                      for dims in self.kinds]
+            if any(size(sizes) <= 0 for size in self.nonzero):
+                return None
         except CallError:
             return None
         shapes = [kinds[k] for k in self.kind_of]
@@ -637,7 +643,7 @@ class NativeFunction(PackedFunction):
                                                for d in p["shape"]), str(p["dtype"]))
                                         for p in self._arguments])
             if self.symbolic:
-                self._sizes = SymbolicSizes(self.params, self.results, self.dims)
+                self._sizes = SymbolicSizes(self.params, self.results, self.dims, self.nonzero)
 
     @functools.cached_property
     def _n_params(self) -> int:

@@ -8,6 +8,8 @@ so a fresh process can load a plug-in's artifacts from an exported library.
 
 from __future__ import annotations
 
+import importlib.metadata
+
 BACKENDS_GROUP = "kiln.backends"
 
 _BACKENDS: dict[str, str | None] = {}  # entry point name -> error text (None: loaded)
@@ -24,9 +26,6 @@ def load_backends(*, force: bool = False) -> dict[str, str | None]:
     if _SCANNED and not force:
         return dict(_BACKENDS)
     _SCANNED = True
-    # imported here: importlib.metadata (with the email package it reads metadata by)
-    # takes ~4 MiB of a deploy process that never looks a plug-in up
-    import importlib.metadata
     for ep in importlib.metadata.entry_points(group=BACKENDS_GROUP):
         if ep.name in _BACKENDS and not force:
             continue
