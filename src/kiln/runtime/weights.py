@@ -35,7 +35,6 @@ import _thread
 import abc
 import ctypes
 import hashlib
-import mmap
 import os
 import threading
 import weakref
@@ -327,48 +326,11 @@ class WeightCheck(ChunkCheck):
             self.spans.append((address + d.offset, d.length, chunk, d.digests, what, intact))
         self.done = not self.spans
 
-    def _hash(self, item: tuple[int, int]) -> FormatError | None:
-        """Check one chunk, then hand its pages back to the kernel: no kernel has run
-        yet (a call waits for the whole check, a swap runs it to the end first), so
-        the pages are resident only for the check, and a model's kernels may never
-        read some (an embedding table's unused rows). Kernels fault in what they
-        use, from the page cache the check has just filled."""
-        failed = super()._hash(item)
-        address, length, chunk = self.spans[item[0]][:3]
-        start = address + item[1] * chunk
-        drop_pages(start, min(start + chunk, address + length) - start)
-        return failed
-
     def regions(self) -> list[Region]:
         """The linked data, read in place in the mapped library."""
         return [Region(memoryview((ctypes.c_uint8 * length).from_address(address)).cast("B"),
                        digests, chunk, what, intact)
                 for address, length, chunk, digests, what, intact in self.spans]
-
-
-def drop_pages(address: int, length: int) -> None:
-    """`madvise(MADV_DONTNEED)` on the whole pages within [address, address + length)
-    of a read-only file mapping no one has written: they leave the resident set, and
-    a later read maps them again from the file (nothing on a system without it)."""
-    first = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
-    last = (address + length) // mmap.PAGESIZE * mmap.PAGESIZE
-    if last > first and _MADVISE is not None:
-        _MADVISE(ctypes.c_void_p(first), ctypes.c_size_t(last - first), mmap.MADV_DONTNEED)
-
-
-def _libc_madvise() -> Any:
-    if not hasattr(mmap, "MADV_DONTNEED"):
-        return None
-    try:
-        fn = ctypes.CDLL(None).madvise
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_MADVISE = _libc_madvise()
 
 
 class RegionsCheck(ChunkCheck):
