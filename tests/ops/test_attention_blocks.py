@@ -6,11 +6,16 @@ One model of two independent attentions whose scores exceed the L2 cache: the ke
 transposed by the exporter (`transpose_b`) with a scale, 2 heads of 370 query rows
 against 371 keys (a partial last block and a partial last key panel), 40-wide heads
 and 24-wide values (a value panel wider than the values); and keys stored `[d, n]`
-with the scores divided by 4 (a power of two: the kernel multiplies by 1/4). The same
+with the scores divided by 4 (a power of two: the kernel multiplies by 1/4) and a causal
+mask (transformers' additive mask from `Range` and a comparison: the kernel's `causal`)
+over the last 512 of 600 positions. The same
 on `host -precision=bf16` (bfloat16 products, float32 sums) within bfloat16's error.
 Without a scale the pass applies too, and to scores within L2 (BERT-base's 12 x 128 x
 128); a divisor other than a power of two, a decode step's one query row and small
-scores keep the three kernels.
+scores keep the three kernels. Each causal mask form of kiln.transform.attention_masks
+(torch's GPT-2 `Where` of a sliced lower-triangular buffer, masked_fill's `Where(Not(
+Trilu(ones)), -inf, scores)`, the additive one) takes the kernel's `causal`; a mask
+of another diagonal (whose first row is all masked) keeps the three kernels.
 """
 
 from __future__ import annotations
@@ -34,13 +39,51 @@ from support.targets import native_target
 pytest.importorskip("onnxruntime")
 
 # (heads, query rows, keys, head width, value width, the keys transposed,
-#  the scores' scale: (ONNX op, its constant) or None)
+#  the scores' scale: (ONNX op, its constant) or None[, the causal mask's form])
 Scale = tuple[str, float] | None
-CASES = [(2, 370, 371, 40, 24, True, ("Mul", 0.125)), (1, 600, 512, 16, 32, False, ("Div", 4.0))]
+CASES = [(2, 370, 371, 40, 24, True, ("Mul", 0.125)),
+         (1, 512, 600, 16, 32, False, ("Div", 4.0), "add")]
+LOWEST = float(np.finfo(np.float32).min)
+
+
+def _mask(k: int, form: str, scores: str, m: int, n: int) -> tuple[list, list]:
+    """The nodes and constants applying a causal mask of `form` to `scores` (`m` x `n`,
+    the rows the last `m` positions), out as `z{k}`."""
+    z, node = f"z{k}", helper.make_node
+    const = numpy_helper.from_array
+    if form == "where":  # torch's GPT-2: a [1, 1, P, P] buffer sliced to the sequence
+        tril = np.tril(np.ones((n + 7, n + 7), bool))[None, None]
+        return [node("Slice", [f"tril{k}", f"lo{k}", f"hi{k}", f"ax{k}"], [f"mask{k}"]),
+                node("Where", [f"mask{k}", scores, f"low{k}"], [z])], [
+            const(tril, f"tril{k}"), const(np.array([n - m, 0], np.int64), f"lo{k}"),
+            const(np.array([n, n], np.int64), f"hi{k}"), const(np.array([2, 3], np.int64),
+                                                                 f"ax{k}"),
+            const(np.array(LOWEST, np.float32), f"low{k}")]
+    if form == "fill":  # masked_fill(~tril(ones, n - m), -inf)
+        return [node("ConstantOfShape", [f"shape{k}"], [f"ones{k}"],
+                     value=const(np.array([1], np.int64))),
+                node("Trilu", [f"ones{k}", f"diag{k}"], [f"tri{k}"], upper=0),
+                node("Cast", [f"tri{k}"], [f"keep{k}"], to=TensorProto.BOOL),
+                node("Not", [f"keep{k}"], [f"mask{k}"]),
+                node("Where", [f"mask{k}", f"low{k}", scores], [z])], [
+            const(np.array([m, n], np.int64), f"shape{k}"),
+            const(np.array(n - m, np.int64), f"diag{k}"),
+            const(np.array(-np.inf, np.float32), f"low{k}")]
+    # transformers' 4-D mask: lowest where key > position, added to the scores
+    return [node("Range", [f"zero{k}", f"n{k}", f"one{k}"], [f"keys{k}"]),
+            node("Range", [f"start{k}", f"n{k}", f"one{k}"], [f"pos{k}"]),
+            node("Unsqueeze", [f"pos{k}", f"last{k}"], [f"rows{k}"]),
+            node("Greater", [f"keys{k}", f"rows{k}"], [f"after{k}"]),
+            node("Where", [f"after{k}", f"low{k}", f"zf{k}"], [f"bias{k}"]),
+            node("Add", [scores, f"bias{k}"], [z])], [
+        const(np.array(0, np.int64), f"zero{k}"), const(np.array(n, np.int64), f"n{k}"),
+        const(np.array(1, np.int64), f"one{k}"), const(np.array(n - m, np.int64), f"start{k}"),
+        const(np.array([1], np.int64), f"last{k}"),
+        const(np.array(LOWEST, np.float32), f"low{k}"), const(np.array(0, np.float32), f"zf{k}")]
 
 
 def _branch(k: int, heads: int, m: int, n: int, d: int, dv: int, transposed: bool,
-            scale: Scale) -> tuple[list, list, list]:
+            scale: Scale, mask: str | None = None) -> tuple[list, list, list]:
     q, key, v, y = (f"{x}{k}" for x in ("q", "k", "v", "y"))
     key_shape = [1, heads, n, d] if transposed else [1, heads, d, n]
     nodes = [helper.make_node("Transpose", [key], [f"kt{k}"], perm=[0, 1, 3, 2])
@@ -51,6 +94,9 @@ def _branch(k: int, heads: int, m: int, n: int, d: int, dv: int, transposed: boo
         inits.append(numpy_helper.from_array(np.array(scale[1], np.float32), f"c{k}"))
         nodes.append(helper.make_node(scale[0], [scores, f"c{k}"], [f"x{k}"]))
         scores = f"x{k}"
+    if mask is not None:
+        more, consts = _mask(k, mask, scores, m, n)
+        nodes, inits, scores = [*nodes, *more], [*inits, *consts], f"z{k}"
     nodes += [helper.make_node("Softmax", [scores], [f"p{k}"], axis=-1),
               helper.make_node("MatMul", [f"p{k}", v], [y])]
     inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in
@@ -63,8 +109,8 @@ def _model() -> onnx.ModelProto:
     inputs: list = []
     inits: list = []
     outputs = []
-    for k, (heads, m, n, d, dv, transposed, scale) in enumerate(CASES):
-        more, ins, consts = _branch(k, heads, m, n, d, dv, transposed, scale)
+    for k, (heads, m, n, d, dv, *rest) in enumerate(CASES):
+        more, ins, consts = _branch(k, heads, m, n, d, dv, *rest)
         nodes += more
         inputs += ins
         inits += consts
@@ -88,12 +134,16 @@ def test_blocked_attention_matches_onnxruntime(native: kiln.driver.Executable,
     CHECK.assert_close(native(*CHECK.feeds.values()), reference)
 
 
-def _graph_ops(model: onnx.ModelProto, target: str) -> list[str]:
+def _graph_calls(model: onnx.ModelProto, target: str) -> list[g.Call]:
     mod = from_onnx(model)
     with Target(target):
-        for name in ("merge-copies", "block-matmuls", "block-attention"):
+        for name in ("fold-constants", "merge-copies", "block-matmuls", "block-attention"):
             mod = get_pass(name)(mod)
-    return [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)]
+    return [b.value for b in mod["main"].bindings if isinstance(b.value, g.Call)]
+
+
+def _graph_ops(model: onnx.ModelProto, target: str) -> list[str]:
+    return [c.op for c in _graph_calls(model, target)]
 
 
 def test_bf16_blocked_attention_matches_onnxruntime(reference: list[np.ndarray]) -> None:
@@ -108,13 +158,19 @@ def test_bf16_blocked_attention_matches_onnxruntime(reference: list[np.ndarray])
 @pytest.mark.parametrize(("target", "op"), [("llvm -mcpu=znver4", "attention_tiled"), (
     "llvm -mcpu=znver4 -precision=bf16", "attention_tiled_bf16")])
 def test_scores_past_the_l2_cache_take_the_blocked_kernel(target: str, op: str) -> None:
-    ops = _graph_ops(MODEL, target)
-    assert ops.count(op) == 2
+    calls = _graph_calls(MODEL, target)
+    ops = [c.op for c in calls]
+    assert ops.count(op) == len(CASES)
     assert "softmax" not in ops and not any(o.startswith("matmul_tiled") for o in ops)
+    # each masked branch's mask is recognised as causal and leaves no where/add behind
+    assert [bool(c.attrs.get("causal")) for c in calls if c.op == op] == [
+        len(case) > 7 for case in CASES]
+    assert "where" not in ops and "add" not in ops
 
 
-def _one_attention(m: int, scale: Scale, heads: int = 8, n: int = 1500) -> onnx.ModelProto:
-    nodes, inputs, inits = _branch(0, heads, m, n, 64, 64, True, scale)
+def _one_attention(m: int, scale: Scale, heads: int = 8, n: int = 1500,
+                   mask: str | None = None) -> onnx.ModelProto:
+    nodes, inputs, inits = _branch(0, heads, m, n, 64, 64, True, scale, mask)
     b = GraphBuilder()
     b.add(*nodes)
     b.consts(inits)
@@ -140,3 +196,19 @@ def test_scores_within_l2_take_the_blocked_kernel_from_an_eighth(heads: int, seq
 def test_scales_the_kernel_takes(scale: Scale, blocked: bool) -> None:
     ops = _graph_ops(_one_attention(1500, scale), "llvm -mcpu=znver4")
     assert (ops == ["attention_tiled"]) == blocked
+
+
+@pytest.mark.parametrize("form", ["where", "fill", "add"])
+def test_causal_masks_take_the_causal_kernel(form: str) -> None:
+    calls = _graph_calls(_one_attention(96, ("Div", 8.0), 4, 128, form), "llvm -mcpu=znver4")
+    assert [(c.op, c.attrs.get("causal")) for c in calls] == [("attention_tiled", True)]
+
+
+def test_a_mask_of_another_diagonal_keeps_the_three_kernels() -> None:
+    # the rows see one key fewer than causal: the first row sees none
+    model = _one_attention(128, None, 4, 128, "where")
+    tril = next(t for t in model.graph.initializer if t.name == "tril0")
+    tril.CopyFrom(numpy_helper.from_array(np.tril(np.ones((135, 135), bool), -1)[None, None],
+                                          "tril0"))
+    ops = _graph_ops(model, "llvm -mcpu=znver4")
+    assert "attention_tiled" not in ops and "where" in ops

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir.tensor import PrimExpr, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.gemm_bf16 import bf16_round
@@ -34,6 +35,9 @@ from kiln.ops.registry import OPS, OpDef
 ATTENTION = "attention_tiled"
 ATTENTION_BF16 = "attention_tiled_bf16"
 Attrs = Mapping[str, Any]
+#: The score a causal attention gives the keys after a query's position (float32's
+#: lowest, as transformers' masks: its exp is 0, and a row is never all masked).
+MASKED_SCORE = float(np.finfo(np.float32).min)
 
 
 def attention_dims(shapes: Sequence[Sequence[Any]], attrs: Attrs
@@ -49,7 +53,15 @@ def attention_dims(shapes: Sequence[Sequence[Any]], attrs: Attrs
     if q[-1] != d or v[-2] != n:
         raise IRError(f"{ATTENTION}: inner dimensions differ: q {q}, k {k} "
                       f"(transpose_b={bool(attrs.get('transpose_b'))}), v {v}")
+    if attrs.get("causal") and isinstance(n, int) and isinstance(q[-2], int) and n < q[-2]:
+        raise IRError(f"{ATTENTION}: causal attention needs keys >= query rows, got {q}, {k}")
     return batch, q[-2], n, d, v[-1]
+
+
+def sees(row: Any, key: Any, m: int, n: int) -> Any:
+    """Whether query `row` of `m` sees `key` of `n` in a causal attention (numpy arrays
+    or PrimExprs): the rows are the last `m` positions."""
+    return key <= row + (n - m)
 
 
 def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -60,22 +72,30 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     return TensorType((*batch, m, dv), "float32")
 
 
-def _materialized(t: te.Tensor, name: str, factor: float | None = None) -> te.Tensor:
-    """`t` (times `factor`) as a buffer: a product or softmax read many times per element
-    would otherwise be recomputed at each read."""
+def _materialized(t: te.Tensor, name: str) -> te.Tensor:
+    """`t` as a buffer: a product or softmax read many times per element would otherwise
+    be recomputed at each read."""
     assert t.fcompute is not None
-    f = t.fcompute
-    if factor is None:
-        return te.compute(t.shape, f, t.dtype, name, materialize=True)
-    c = float(np.float32(factor))
-    return te.compute(t.shape, lambda *i: f(*i) * c, t.dtype, name, materialize=True)
+    return te.compute(t.shape, t.fcompute, t.dtype, name, materialize=True)
+
+
+def _scores(q: te.Tensor, k: te.Tensor, attrs: Attrs) -> te.Tensor:
+    """The scaled (and causally masked) scores as a buffer."""
+    product = matmul_compute([q, k], {"transpose_b": attrs.get("transpose_b")})
+    assert product.fcompute is not None
+    f, c = product.fcompute, float(np.float32(attrs.get("scale", 1.0)))
+    m, n = (int(x) for x in product.shape[-2:])
+
+    def scaled(*i: PrimExpr) -> PrimExpr:
+        x = f(*i) * c
+        return select(sees(i[-2], i[-1], m, n), x, MASKED_SCORE) if attrs.get("causal") else x
+
+    return te.compute(product.shape, scaled, product.dtype, "scores", materialize=True)
 
 
 def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     q, k, v = inputs
-    scores = _materialized(matmul_compute([q, k], {"transpose_b": attrs.get("transpose_b")}),
-                           "scores", float(attrs.get("scale", 1.0)))
-    probs = _materialized(softmax_compute([scores], {"axis": -1}), "probs")
+    probs = _materialized(softmax_compute([_scores(q, k, attrs)], {"axis": -1}), "probs")
     return matmul_compute([probs, v], {})
 
 
@@ -83,6 +103,10 @@ def _reference(rounded: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.
     def ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, **attrs: Any) -> np.ndarray:
         scores = matmul_ref(rounded(q), rounded(k), transpose_b=attrs.get("transpose_b", False))
         scores = scores * np.float32(attrs.get("scale", 1.0))
+        if attrs.get("causal"):
+            m, n = scores.shape[-2:]
+            seen = sees(np.arange(m)[:, None], np.arange(n)[None, :], m, n)
+            scores = np.where(seen, scores, np.float32(MASKED_SCORE))
         return matmul_ref(rounded(softmax_ref(scores, axis=-1)), rounded(v))
     return ref
 

@@ -5,12 +5,14 @@ After `block-matmuls`, a float32 attention is the chain
 
     s = matmul_tiled(q, k[, transpose_b]); x = multiply(s, c)   (c a scalar, optional;
                                                                  or divide by a power of 2)
+    x = <a causal mask of x>   (optional: kiln.transform.attention_masks)
     p = softmax(x, axis=-1); out = matmul_tiled(p, v)
 
 (both products `matmul_tiled_bf16` on `precision=bf16` targets), whose kernels write
 the `[*batch, m, n]` scores, read them back and write them again, then read them once
 more. The pass rewrites it to `attention_tiled(q, k, v)` (`attention_tiled_bf16`;
-kiln.ops.attention_blocks) when each link is read only by the next, the batch dims are
+kiln.ops.attention_blocks; `causal` when a causal mask was taken: the kernel then does
+no work above the diagonal) when each link is read only by the next, the batch dims are
 equal and static, there is more than one query row, and the scores exceed an eighth of
 the target's L2 cache (`ISA.l2_bytes`, `SCORES_L2_FRACTION`): the kernel then computes a
 block of query rows at a time with its scores in cache (kiln.kernels.gemm
@@ -43,6 +45,7 @@ from kiln.ops.attention_blocks import ATTENTION, ATTENTION_BF16
 from kiln.ops.gemm import TILED
 from kiln.ops.gemm_bf16 import TILED_BF16
 from kiln.target.isa import ISA
+from kiln.transform.attention_masks import causal_scores
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import FunctionPass
 
@@ -55,8 +58,9 @@ _FUSED = {TILED: ATTENTION, TILED_BF16: ATTENTION_BF16}
 
 @dataclass(frozen=True)
 class BlockAttention(FunctionPass):
-    """Rewrite `matmul_tiled -> [multiply by a scalar] -> softmax -> matmul_tiled` chains
-    whose scores exceed the L2 cache to `attention_tiled` (module docstring)."""
+    """Rewrite `matmul_tiled -> [multiply by a scalar] -> [a causal mask] -> softmax ->
+    matmul_tiled` chains whose scores exceed the L2 cache to `attention_tiled` (module
+    docstring)."""
 
     name = "block-attention"
     level = "graph"
@@ -126,10 +130,13 @@ def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
     st = softmax.args[0].type
     if not (isinstance(st, TensorType) and softmax.attrs.get("axis", -1) in (-1, st.ndim - 1)):
         return None
-    scaled = _scale(softmax.args[0], defs, uses)
+    masked = causal_scores(softmax.args[0], defs, uses)
+    scaled = _scale(softmax.args[0] if masked is None else masked[0], defs, uses)
     if scaled is None:
         return None
     scores, factor, through = scaled
+    if masked is not None:
+        through = [*through, *masked[1]]
     product = _read_once(scores, defs, uses, value.op)
     if product is None or not _worth_blocking(st, isa):
         return None
@@ -137,6 +144,8 @@ def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
     attrs: dict[str, Any] = {"scale": factor}
     if product.attrs.get("transpose_b"):
         attrs["transpose_b"] = True
+    if masked is not None:
+        attrs["causal"] = True
     try:
         out = call(_FUSED[value.op], q, k, v, **attrs)
     except IRError:

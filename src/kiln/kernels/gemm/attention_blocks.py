@@ -20,6 +20,14 @@ tile's query rows and score rows into words on the stack before its panels, one
 keep `exp(x - max)` and their `1 / sum`, which the score rows' conversion to words
 multiplies in (the product softmax_row would store): one pass less over the scores.
 
+A causal attention (attribute `causal`) does no work above the diagonal: each row tile
+computes the score panels its rows see (up to its last row's position, rounded up to
+whole panels, and for bfloat16 to whole pairs of words), overwrites the few scores of
+those panels past each row's position with `MASKED_SCORE` (as the mask the pass took it
+from would give), runs each row's softmax over those columns only, and sums P @ V over
+those keys only: the masked probabilities are exactly 0 there, and the columns past
+are skipped. For GPT-2's 128 x 128 scores a half of both products and the softmax.
+
 A block's workspace is sized to stay in the L2 cache (`ISA.l2_bytes`) with the keys and
 values of its head, so the scores are written and read back in cache: the unfused
 kernels move the whole score tensor through memory three times (for the Whisper
@@ -31,8 +39,9 @@ order, so the results equal theirs for the same tile.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -65,9 +74,14 @@ from kiln.kernels.gemm.micro_kernel import register_tile, unflatten
 from kiln.kernels.gemm.run_time_pack import pack_b_at_run_time
 from kiln.kernels.rows.loops import RowLoops
 from kiln.kernels.rows.softmax import softmax_exp_row, softmax_row
-from kiln.kernels.tiles import const, lanes_loop, parallel_tiles, tile_lanes
+from kiln.kernels.tiles import const, lanes_loop, loop, parallel_tiles, tile_lanes
 from kiln.ops import te
-from kiln.ops.attention_blocks import ATTENTION, ATTENTION_BF16, attention_dims
+from kiln.ops.attention_blocks import (
+    ATTENTION,
+    ATTENTION_BF16,
+    MASKED_SCORE,
+    attention_dims,
+)
 from kiln.ops.gemm_bf16 import PAIR_BLOCK, PAIR_STRIDE
 from kiln.target.isa import ISA
 
@@ -100,12 +114,26 @@ class Product:
     """One of the two products as a row tile runs it: `k` steps of the sum, `columns`
     output columns in panels of `nr`, B's value at (batch index, panel, k, lane) for
     float32 tiles, or B's bfloat16 words (flat batch index, panel, word, lane) and
-    their count per panel for bfloat16 tiles."""
+    their count per panel for bfloat16 tiles. `k_used` and `columns_used`: the steps
+    and columns a causal tile runs (whole panels, whole pairs of words), all when
+    None."""
 
     k: int
     columns: int
     b_at: Callable[..., PrimExpr]
     words: int = 0
+    k_used: PrimExpr | None = None
+    columns_used: PrimExpr | None = None
+
+    def used(self, *, k: PrimExpr | None = None, columns: PrimExpr | None = None
+             ) -> Product:
+        """This product as a causal tile runs it."""
+        return replace(self, k_used=k, columns_used=columns)
+
+    def panels(self, nr: int) -> PrimExpr:
+        """The panels of `nr` columns a tile runs."""
+        columns = self.columns if self.columns_used is None else self.columns_used
+        return (as_expr(columns, INDEX_DTYPE) + (nr - 1)) // nr
 
 
 @dataclass(frozen=True)
@@ -118,6 +146,7 @@ class Operands:
     out: Buffer
     transpose_b: bool
     scale: float
+    causal: bool = False
 
     @property
     def dims(self) -> tuple[tuple[int, ...], int, int, int, int]:
@@ -149,7 +178,8 @@ class AttentionLowering(GemmLowering):
         q, k, v = (buffers[t] for t in args)
         batch, m, _, _, dv = attention_dims([t.shape for t in args], attrs)
         ops = Operands(q, k, v, Buffer("out", (*batch, m, dv), F32),
-                       bool(attrs.get("transpose_b")), float(attrs.get("scale", 1.0)))
+                       bool(attrs.get("transpose_b")), float(attrs.get("scale", 1.0)),
+                       bool(attrs.get("causal")))
         return PrimFunc((*(buffers[t] for t in params), ops.out),
                         attention_body(ops, bf16, isa=isa), {ATTR_GEMM_KERNEL: self.op})
 
@@ -180,13 +210,23 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
             *bidx, kk, p * nr + lane if dv % nr == 0 else min_(p * nr + lane, dv - 1))])
         row_tile = _f32_row_tile
     factor = as_expr(ops.scale, F32)
-    loops = RowLoops(n, min(tile_lanes(isa), n))
+    masked = as_expr(MASKED_SCORE, F32)
+    lanes = min(tile_lanes(isa), n)
+    # a causal tile's columns come in whole panels (and, for bf16, whole pairs of words)
+    grain = math.lcm(nr, PAIR_BLOCK) if bf16 else nr
 
     def block(h: PrimExpr, blk: PrimExpr) -> Stmt:
         lets: list[Stmt] = []
         bidx = unflatten(h, batch, "j", lets)
         first = blk * rows
         scores = Buffer("scores", (rows, n), F32)
+
+        def seen(t: PrimExpr) -> PrimExpr | None:
+            """The columns row tile `t` computes: through its last row's position."""
+            if not ops.causal:
+                return None
+            last = first + t * mr + (mr + n - m)  # one past the last row's last key
+            return min_(const(n), (last + (grain - 1)) // grain * grain)
 
         def scores_tile(t: Var) -> Stmt:
             def a_at(r: PrimExpr, kk: PrimExpr) -> PrimExpr:  # rows past m repeat the last one
@@ -195,7 +235,7 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
             def store(r: int, col: PrimExpr, x: PrimExpr) -> Stmt:
                 return Store(scores, x * factor, (t * mr + r, col))
 
-            return row_tile(qk, (h, bidx), mr, nr, a_at, store, isa)
+            return row_tile(qk.used(columns=seen(t)), (h, bidx), mr, nr, a_at, store, isa)
 
         # bf16: the rows keep exp(x - max) and their 1 / sum, which the conversion of
         # P @ V's rows to words multiplies in (the same float32 product softmax_row
@@ -206,11 +246,21 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
             def at(j: PrimExpr) -> tuple[Buffer, tuple[PrimExpr, ...]]:
                 return scores, (r, j)
 
+            columns = seen(r // mr)
+            loops = RowLoops(n if columns is None else columns, lanes)
             if bf16:
-                return softmax_exp_row(loops, lambda j: scores[r, j], at,
-                                       lambda x: Store(inv, x, (r,)), isa=isa)
-            return softmax_row(loops, lambda j: scores[r, j], at,
-                               lambda j, x: Store(scores, x, (r, j)), False, isa=isa)
+                row = softmax_exp_row(loops, lambda j: scores[r, j], at,
+                                      lambda x: Store(inv, x, (r,)), isa=isa)
+            else:
+                row = softmax_row(loops, lambda j: scores[r, j], at,
+                                  lambda j, x: Store(scores, x, (r, j)), False, isa=isa)
+            if columns is None:
+                return row
+            # the tile's columns past this row's position: a loop of its own, not a
+            # select in every score's store (which LLVM takes twice as long to compile)
+            start = min_(first + r + (n - m + 1), columns)
+            return seq(loop("j", columns - start, lambda j: Store(scores, masked, (r, j)),
+                            start=start), row)
 
         def out_tile(t: Var) -> Stmt:
             def store(r: int, col: PrimExpr, x: PrimExpr) -> Stmt:
@@ -222,11 +272,11 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
                 p = scores[t * mr + r, kk]
                 return p * inv[t * mr + r] if bf16 else p
 
-            return row_tile(pv, (h, bidx), mr, nr, probs, store, isa)
+            return row_tile(pv.used(k=seen(t)), (h, bidx), mr, nr, probs, store, isa)
 
         return seq(*lets, Allocate(scores), *([Allocate(inv)] if bf16 else []),
-                   _loop("t", rows // mr, scores_tile), _loop("r", rows, softmax),
-                   _loop("t", rows // mr, out_tile))
+                   loop("t", rows // mr, scores_tile), loop("r", rows, softmax),
+                   loop("t", rows // mr, out_tile))
 
     return seq(*packing, parallel_tiles((heads, blocks), block))
 
@@ -237,22 +287,24 @@ def _f32_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int,
     bidx = at[1]
 
     def panel(p: Var) -> Stmt:
+        k = product.k if product.k_used is None else product.k_used
         acc, stmts = register_tile(
-            mr, nr, product.k, [partial(a_at, const(r)) for r in range(mr)],
+            mr, nr, k, [partial(a_at, const(r)) for r in range(mr)],
             lambda kk, lane: product.b_at(bidx, p, kk, lane), F32, isa.fma)
         return seq(*stmts, *(_stores(_row_store(store, r, p, nr, acc), nr, product.columns, p)
                              for r in range(mr)))
 
-    return _loop("p", -(-product.columns // nr), panel)
+    return loop("p", product.panels(nr), panel)
 
 
 def _bf16_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int,
                    a_at: ARows, store: TileStore, isa: ISA) -> Stmt:
     """A row tile of `mr` rows by every panel of `product`: the rows converted to
     bfloat16 words once (`k` zero-padded to whole blocks, paired as the panels are,
-    kiln.ops.gemm_bf16), then per panel a tile of `dot2_bf16` sums."""
-    words = product.words
-    abuf = Buffer("a_bf16", (mr, words), "int32", "local")
+    kiln.ops.gemm_bf16), then per panel a tile of `dot2_bf16` sums. A causal tile's
+    `k_used` steps are whole blocks of pairs but for the last block of all."""
+    words: PrimExpr | int = product.words
+    abuf = Buffer("a_bf16", (mr, product.words), "int32", "local")
     zero = as_expr(0.0, F32)
 
     def a_padded(r: PrimExpr, kk: PrimExpr) -> PrimExpr:
@@ -270,10 +322,23 @@ def _bf16_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int
     # whole blocks read A as it is (contiguous vector loads); only a last block that
     # `k` ends inside is padded, whose clamped reads would be gathers. One loop over
     # the rows: the conversion is in the IR once, not once per row.
-    whole = product.k // PAIR_BLOCK
-    convert = _loop("cr", mr, lambda r: seq(
-        _loop("q", whole, lambda blk: pairs(r, blk, a_at)),
-        *([pairs(r, const(whole), a_padded)] if product.k % PAIR_BLOCK else [])))
+    whole, padded = divmod(product.k, PAIR_BLOCK)
+    used: PrimExpr | int = whole
+    k_used = product.k_used
+
+    def tail(r: PrimExpr) -> list[Stmt]:
+        if not padded:
+            return []
+        last = pairs(r, const(whole), a_padded)
+        # a causal tile's steps end in the padded block only when they are all of K
+        return [last if k_used is None else
+                IfThenElse(compare("eq", k_used, const(product.k)), last)]
+
+    if k_used is not None:
+        used = min_(k_used // PAIR_BLOCK, whole)
+        words = (k_used + (PAIR_BLOCK - 1)) // PAIR_BLOCK * PAIR_STRIDE
+    convert = loop("cr", mr, lambda r: seq(
+        loop("q", used, lambda blk: pairs(r, blk, a_at)), *tail(r)))
 
     def panel(p: Var) -> Stmt:
         acc = Buffer("acc", (mr, nr), F32, "local")
@@ -290,22 +355,17 @@ def _bf16_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int
 
         step = seq(*(LetStmt(x, abuf[const(r), w]) for r, x in enumerate(xs)),
                    lanes_loop("v", nr, lane_sums))
-        sums = For(w, const(0), const(words), "serial", step)
+        sums = For(w, const(0), as_expr(words, INDEX_DTYPE), "serial", step)
         return seq(Allocate(acc), init, sums, *(_stores(
             _row_store(store, r, p, nr, acc), nr, product.columns, p) for r in range(mr)))
 
-    return seq(Allocate(abuf), convert, _loop("p", -(-product.columns // nr), panel))
+    return seq(Allocate(abuf), convert, loop("p", product.panels(nr), panel))
 
 
 def _row_store(store: TileStore, r: int, panel: Var, nr: int, acc: Buffer
                ) -> Callable[[PrimExpr], Stmt]:
     """The store of tile row `r`'s lane (in `panel`) from the accumulators `acc`."""
     return lambda lane: store(r, panel * nr + lane, acc[const(r), lane])
-
-
-def _loop(name: str, extent: int, body: Callable[[Var], Stmt]) -> Stmt:
-    var = Var(name, INDEX_DTYPE)
-    return For(var, const(0), const(extent), "serial", body(var))
 
 
 def _stores(store: Callable[[PrimExpr], Stmt], nr: int, columns: int, panel: Var) -> Stmt:
