@@ -1,12 +1,16 @@
-"""`attention_tiled(q, k, v)`: softmax(Q @ K^T * scale) @ V computed by blocks of query
-rows (kiln.kernels.gemm.attention_blocks), written by the `block-attention` graph pass
-(kiln.transform.attention_blocks) in place of `matmul_tiled` -> [`multiply` by a
-scalar] -> `softmax` over the last axis -> `matmul_tiled`.
+"""`attention_tiled(q, k, v[, bias])`: softmax(Q @ K^T * scale [+ bias]) @ V computed by
+blocks of query rows (kiln.kernels.gemm.attention_blocks), written by the
+`block-attention` graph pass (kiln.transform.attention_blocks) in place of
+`matmul_tiled` -> [`multiply` by a scalar] -> [a mask] -> `softmax` over the last axis
+-> `matmul_tiled`.
 
 Operands: `q` `[*batch, m, d]`, `k` `[*batch, n, d]` (attribute `transpose_b`, the
 keys as exporters leave them after merge-copies) or `[*batch, d, n]`, `v`
 `[*batch, n, dv]`, the batch dims equal; result `[*batch, m, dv]`. Attribute `scale`:
-the scores' scalar factor (float32, 1.0 when there was none). The te compute (the
+the scores' scalar factor (float32, 1.0 when there was none). `bias` (optional): a
+float32 tensor added to the scaled (and causally masked) scores, of their rank, each
+dim 1 (broadcast) or theirs: an attention mask computed from the graph's inputs (a
+padding mask `[b, 1, 1, n]`, a decoder's 4-D mask `[b, 1, m, n]`). The te compute (the
 fallback of targets without the kernel) and the reference are the three ops it stands
 for, each product summed as `matmul`'s.
 
@@ -68,8 +72,20 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     if any(t.dtype != "float32" for t in types):
         raise IRError(f"{ATTENTION}: float32 operands only, got "
                       f"{', '.join(t.dtype for t in types)}")
-    batch, m, _, _, dv = attention_dims([t.shape for t in types], attrs)
+    if len(types) not in (3, 4):
+        raise IRError(f"{ATTENTION}: takes q, k, v and an optional bias, got {len(types)}")
+    batch, m, n, _, dv = attention_dims([t.shape for t in types[:3]], attrs)
+    if len(types) == 4:
+        scores = (*batch, m, n)
+        bias = tuple(types[3].shape)
+        if len(bias) != len(scores) or any(b not in (1, s) for b, s in zip(bias, scores)):
+            raise IRError(f"{ATTENTION}: bias {bias} does not broadcast to the scores {scores}")
     return TensorType((*batch, m, dv), "float32")
+
+
+def bias_index(idx: Sequence[Any], shape: Sequence[Any]) -> tuple[Any, ...]:
+    """The bias element of the scores' element `idx`: index 0 along its dims of 1."""
+    return tuple(0 if d == 1 else i for i, d in zip(idx, shape))
 
 
 def _materialized(t: te.Tensor, name: str) -> te.Tensor:
@@ -79,8 +95,8 @@ def _materialized(t: te.Tensor, name: str) -> te.Tensor:
     return te.compute(t.shape, t.fcompute, t.dtype, name, materialize=True)
 
 
-def _scores(q: te.Tensor, k: te.Tensor, attrs: Attrs) -> te.Tensor:
-    """The scaled (and causally masked) scores as a buffer."""
+def _scores(q: te.Tensor, k: te.Tensor, bias: te.Tensor | None, attrs: Attrs) -> te.Tensor:
+    """The scaled (and causally masked, and biased) scores as a buffer."""
     product = matmul_compute([q, k], {"transpose_b": attrs.get("transpose_b")})
     assert product.fcompute is not None
     f, c = product.fcompute, float(np.float32(attrs.get("scale", 1.0)))
@@ -88,25 +104,32 @@ def _scores(q: te.Tensor, k: te.Tensor, attrs: Attrs) -> te.Tensor:
 
     def scaled(*i: PrimExpr) -> PrimExpr:
         x = f(*i) * c
-        return select(sees(i[-2], i[-1], m, n), x, MASKED_SCORE) if attrs.get("causal") else x
+        if attrs.get("causal"):
+            x = select(sees(i[-2], i[-1], m, n), x, MASKED_SCORE)
+        return x if bias is None else x + bias[bias_index(i, bias.shape)]
 
     return te.compute(product.shape, scaled, product.dtype, "scores", materialize=True)
 
 
 def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
-    q, k, v = inputs
-    probs = _materialized(softmax_compute([_scores(q, k, attrs)], {"axis": -1}), "probs")
+    q, k, v = inputs[:3]
+    bias = inputs[3] if len(inputs) == 4 else None
+    probs = _materialized(softmax_compute([_scores(q, k, bias, attrs)], {"axis": -1}),
+                          "probs")
     return matmul_compute([probs, v], {})
 
 
 def _reference(rounded: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
-    def ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, **attrs: Any) -> np.ndarray:
+    def ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None,
+            **attrs: Any) -> np.ndarray:
         scores = matmul_ref(rounded(q), rounded(k), transpose_b=attrs.get("transpose_b", False))
         scores = scores * np.float32(attrs.get("scale", 1.0))
         if attrs.get("causal"):
             m, n = scores.shape[-2:]
             seen = sees(np.arange(m)[:, None], np.arange(n)[None, :], m, n)
             scores = np.where(seen, scores, np.float32(MASKED_SCORE))
+        if bias is not None:
+            scores = scores + bias
         return matmul_ref(rounded(softmax_ref(scores, axis=-1)), rounded(v))
     return ref
 

@@ -6,19 +6,21 @@ After `block-matmuls`, a float32 attention is the chain
     s = matmul_tiled(q, k[, transpose_b]); x = multiply(s, c)   (c a scalar, optional;
                                                                  or divide by a power of 2)
     x = <a causal mask of x>   (optional: kiln.transform.attention_masks)
+    x = add(x, bias)           (optional: a mask computed from the inputs)
     p = softmax(x, axis=-1); out = matmul_tiled(p, v)
 
 (both products `matmul_tiled_bf16` on `precision=bf16` targets), whose kernels write
 the `[*batch, m, n]` scores, read them back and write them again, then read them once
 more. The pass rewrites it to `attention_tiled(q, k, v)` (`attention_tiled_bf16`;
 kiln.ops.attention_blocks; `causal` when a causal mask was taken: the kernel then does
-no work above the diagonal) when each link is read only by the next, the batch dims are
-equal and static, there is more than one query row, and the scores exceed an eighth of
-the target's L2 cache (`ISA.l2_bytes`, `SCORES_L2_FRACTION`): the kernel then computes a
-block of query rows at a time with its scores in cache (kiln.kernels.gemm
-.attention_blocks). Scores within L2 stay in cache in the three kernels too, but those
-run five parallel loops (the run-time packing of K and V, both products' tiles, the
-softmax) where the blocked kernel runs three, and each is a hand-off to the thread
+no work above the diagonal; the operand `bias` for an added mask) when each link is
+read only by the next, the batch dims are equal and static, there is more than one
+query row, and the scores exceed an eighth of the target's L2 cache (`ISA.l2_bytes`,
+`SCORES_L2_FRACTION`): the kernel then computes a block of query rows at a time with
+its scores in cache (kiln.kernels.gemm.attention_blocks). Scores within L2 stay in
+cache in the three kernels too, but those run five parallel loops (the run-time
+packing of K and V, both products' tiles, the softmax) where the blocked kernel runs
+three, and each is a hand-off to the thread
 pool and a wait for its last thread: at two threads the blocked kernel is the faster
 for BERT-base's 12 x 128 x 128 scores (786 KB; docs/performance.md). A decode step's
 one query row, and scores of a few microseconds' work (short sequences), keep the three
@@ -45,7 +47,7 @@ from kiln.ops.attention_blocks import ATTENTION, ATTENTION_BF16
 from kiln.ops.gemm import TILED
 from kiln.ops.gemm_bf16 import TILED_BF16
 from kiln.target.isa import ISA
-from kiln.transform.attention_masks import causal_scores
+from kiln.transform.attention_masks import attention_bias, causal_scores
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import FunctionPass
 
@@ -130,13 +132,21 @@ def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
     st = softmax.args[0].type
     if not (isinstance(st, TensorType) and softmax.attrs.get("axis", -1) in (-1, st.ndim - 1)):
         return None
-    masked = causal_scores(softmax.args[0], defs, uses)
-    scaled = _scale(softmax.args[0] if masked is None else masked[0], defs, uses)
+    x: g.Expr = softmax.args[0]
+    bias: g.Expr | None = None
+    through: list[g.Var] = []
+    masked = causal_scores(x, defs, uses)
+    biased = attention_bias(x, defs, uses) if masked is None else None
+    if biased is not None:  # a mask from the inputs, over any causal one
+        x, bias, through = biased
+        masked = causal_scores(x, defs, uses)
+    if masked is not None:
+        x, through = masked[0], [*through, *masked[1]]
+    scaled = _scale(x, defs, uses)
     if scaled is None:
         return None
-    scores, factor, through = scaled
-    if masked is not None:
-        through = [*through, *masked[1]]
+    scores, factor, more = scaled
+    through = [*through, *more]
     product = _read_once(scores, defs, uses, value.op)
     if product is None or not _worth_blocking(st, isa):
         return None
@@ -147,7 +157,7 @@ def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
     if masked is not None:
         attrs["causal"] = True
     try:
-        out = call(_FUSED[value.op], q, k, v, **attrs)
+        out = call(_FUSED[value.op], q, k, v, *([] if bias is None else [bias]), **attrs)
     except IRError:
         return None  # broadcast batch dims, or an operand other than float32
     if out.ret_type != value.ret_type:

@@ -13,8 +13,14 @@ and a comparison; with static shapes `fold-constants` leaves one constant, appli
 with `low` at most `LOWEST_MASK` (float32's lowest or `-inf` in transformers, `-1e4` in
 older exports): the softmax gives those scores probability 0 (`exp` of `-1e4` less the
 row's maximum is 0 in float32), so a kernel may skip them (`attention_tiled`'s
-`causal`). No row of such a mask is all masked (`n >= m`). A mask that depends on the
-graph's inputs (a padding mask) is not a constant and is not matched here.
+`causal`). No row of such a mask is all masked (`n >= m`).
+
+A mask computed from the graph's inputs (a padding mask, a decoder's 4-D mask from its
+`attention_mask` input), added to the scores, is `attention_bias`: the kernel adds it
+as its softmax reads the scores (`attention_tiled`'s `bias`), after any causal mask
+under it (transformers' GPT-2: `where(tril, x, low) + padding`). A row it masks whole
+gives what the softmax gives the unfused scores: the mean of V's rows under a finite
+mask value, NaN under `-inf` (as onnxruntime).
 """
 
 from __future__ import annotations
@@ -94,3 +100,24 @@ def _masks(mask: np.ndarray | None, seen: np.ndarray, keeps: Any, drops: Any) ->
         if not (np.all(keeps(plane[seen])) and np.all(drops(plane[~seen]))):
             return False
     return True
+
+
+def attention_bias(x: g.Expr, defs: dict[g.Var, Any], uses: Any
+                   ) -> tuple[g.Expr, g.Expr, list[g.Var]] | None:
+    """(the scores, the bias, [x]) when `x`, read once, is `add` of float32 scores of
+    static shape and a float32 tensor of their rank broadcast to them (each dim 1 or
+    theirs); None otherwise."""
+    value = defs.get(x) if isinstance(x, g.Var) else None
+    if not (isinstance(value, g.Call) and uses[x] == 1 and value.op == "add"):
+        return None
+    t = value.ret_type
+    if not (isinstance(t, TensorType) and t.dtype == "float32"
+            and all(isinstance(d, int) for d in t.shape)):
+        return None
+    assert isinstance(x, g.Var)
+    for scores, bias in (value.args, value.args[::-1]):
+        bt = getattr(bias, "type", None)
+        if _typed(scores, t) and isinstance(bt, TensorType) and bt.dtype == "float32" \
+                and bt.ndim == t.ndim and all(b in (1, s) for b, s in zip(bt.shape, t.shape)):
+            return scores, bias, [x]
+    return None

@@ -27,6 +27,8 @@ those panels past each row's position with `MASKED_SCORE` (as the mask the pass 
 from would give), runs each row's softmax over those columns only, and sums P @ V over
 those keys only: the masked probabilities are exactly 0 there, and the columns past
 are skipped. For GPT-2's 128 x 128 scores a half of both products and the softmax.
+An attention mask computed from the inputs (`bias`, broadcast over the scores) is added
+as the softmax reads each score.
 
 A block's workspace is sized to stay in the L2 cache (`ISA.l2_bytes`) with the keys and
 values of its head, so the scores are written and read back in cache: the unfused
@@ -81,6 +83,7 @@ from kiln.ops.attention_blocks import (
     ATTENTION_BF16,
     MASKED_SCORE,
     attention_dims,
+    bias_index,
 )
 from kiln.ops.gemm_bf16 import PAIR_BLOCK, PAIR_STRIDE
 from kiln.target.isa import ISA
@@ -147,6 +150,7 @@ class Operands:
     transpose_b: bool
     scale: float
     causal: bool = False
+    bias: Buffer | None = None
 
     @property
     def dims(self) -> tuple[tuple[int, ...], int, int, int, int]:
@@ -168,18 +172,19 @@ class AttentionLowering(GemmLowering):
                     result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
         """The blocked attention kernel; None for a fused chain or symbolic shapes."""
         bf16 = self.op == ATTENTION_BF16
-        if anchor is not None or result is not None or len(args) != 3:
+        if anchor is not None or result is not None or len(args) not in (3, 4):
             return None
         if not all(isinstance(d, int) for t in args for d in t.shape):
             return None
         if bf16 and tile_lanes(isa) != 16:
             return None  # dot2_bf16 computes 16 lanes
         buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
-        q, k, v = (buffers[t] for t in args)
-        batch, m, _, _, dv = attention_dims([t.shape for t in args], attrs)
+        q, k, v = (buffers[t] for t in args[:3])
+        batch, m, _, _, dv = attention_dims([t.shape for t in args[:3]], attrs)
         ops = Operands(q, k, v, Buffer("out", (*batch, m, dv), F32),
                        bool(attrs.get("transpose_b")), float(attrs.get("scale", 1.0)),
-                       bool(attrs.get("causal")))
+                       bool(attrs.get("causal")),
+                       buffers[args[3]] if len(args) == 4 else None)
         return PrimFunc((*(buffers[t] for t in params), ops.out),
                         attention_body(ops, bf16, isa=isa), {ATTR_GEMM_KERNEL: self.op})
 
@@ -246,13 +251,18 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
             def at(j: PrimExpr) -> tuple[Buffer, tuple[PrimExpr, ...]]:
                 return scores, (r, j)
 
+            def read(j: PrimExpr) -> PrimExpr:  # the bias joins as the softmax reads
+                if ops.bias is None:
+                    return scores[r, j]
+                row = min_(first + r, m - 1)  # rows past m repeat the last one
+                return scores[r, j] + ops.bias[bias_index((*bidx, row, j), ops.bias.shape)]
+
             columns = seen(r // mr)
             loops = RowLoops(n if columns is None else columns, lanes)
             if bf16:
-                row = softmax_exp_row(loops, lambda j: scores[r, j], at,
-                                      lambda x: Store(inv, x, (r,)), isa=isa)
+                row = softmax_exp_row(loops, read, at, lambda x: Store(inv, x, (r,)), isa=isa)
             else:
-                row = softmax_row(loops, lambda j: scores[r, j], at,
+                row = softmax_row(loops, read, at,
                                   lambda j, x: Store(scores, x, (r, j)), False, isa=isa)
             if columns is None:
                 return row
