@@ -223,12 +223,17 @@ def test_causal_masks_take_the_causal_kernel(form: str) -> None:
 
 
 def test_a_padding_mask_over_gpt2s_causal_one_takes_both() -> None:
-    # transformers' GPT-2 with an attention_mask input: Where(tril, x, lowest) + padding
+    # transformers' GPT-2 with an attention_mask input: Where(tril, x, lowest) + padding,
+    # and torch's export casts the probabilities to float32, their own type
     model = _one_attention(96, ("Div", 8.0), 4, 128, "where")
     node = next(n for n in model.graph.node if n.op_type == "Where")
     node.output[0] = "w0"
     model.graph.node.insert(list(model.graph.node).index(node) + 1,
                             helper.make_node("Add", ["w0", "pad"], ["z0"]))
+    softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
+    softmax.output[0] = "p0f"
+    model.graph.node.insert(list(model.graph.node).index(softmax) + 1, helper.make_node(
+        "Cast", ["p0f"], ["p0"], to=TensorProto.FLOAT))
     model.graph.input.append(helper.make_tensor_value_info("pad", TensorProto.FLOAT,
                                                            [1, 1, 1, 128]))
     calls = _graph_calls(model, "llvm -mcpu=znver4")

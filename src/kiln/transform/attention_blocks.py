@@ -7,7 +7,7 @@ After `block-matmuls`, a float32 attention is the chain
                                                                  or divide by a power of 2)
     x = <a causal mask of x>   (optional: kiln.transform.attention_masks)
     x = add(x, bias)           (optional: a mask computed from the inputs)
-    p = softmax(x, axis=-1); out = matmul_tiled(p, v)
+    p = softmax(x, axis=-1); [p = cast(p, float32)]; out = matmul_tiled(p, v)
 
 (both products `matmul_tiled_bf16` on `precision=bf16` targets), whose kernels write
 the `[*batch, m, n]` scores, read them back and write them again, then read them once
@@ -126,6 +126,12 @@ def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
             and not value.attrs.get("transpose_b")):
         return None
     probs, v = value.args
+    through: list[g.Var] = []
+    same = _read_once(probs, defs, uses, "cast")
+    if same is not None and same.attrs.get("dtype") == "float32":
+        # torch's GPT-2 export casts the probabilities to their own dtype
+        assert isinstance(probs, g.Var)
+        through, probs = [probs], same.args[0]
     softmax = _read_once(probs, defs, uses, "softmax")
     if softmax is None:
         return None
@@ -134,19 +140,19 @@ def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
         return None
     x: g.Expr = softmax.args[0]
     bias: g.Expr | None = None
-    through: list[g.Var] = []
     masked = causal_scores(x, defs, uses)
     biased = attention_bias(x, defs, uses) if masked is None else None
     if biased is not None:  # a mask from the inputs, over any causal one
-        x, bias, through = biased
+        x, bias, more = biased
+        through = [*through, *more]
         masked = causal_scores(x, defs, uses)
     if masked is not None:
         x, through = masked[0], [*through, *masked[1]]
     scaled = _scale(x, defs, uses)
     if scaled is None:
         return None
-    scores, factor, more = scaled
-    through = [*through, *more]
+    scores, factor, scaled_through = scaled
+    through = [*through, *scaled_through]
     product = _read_once(scores, defs, uses, value.op)
     if product is None or not _worth_blocking(st, isa):
         return None
