@@ -9,7 +9,8 @@ and 24-wide values (a value panel wider than the values); and keys stored `[d, n
 with the scores divided by 4 (a power of two: the kernel multiplies by 1/4) and a causal
 mask (transformers' additive mask from `Range` and a comparison: the kernel's `causal`)
 over the last 512 of 600 positions; the first adds a mask given as a graph input
-(`[1, heads, 1, n]`, the kernel's `bias`). The same
+(`[1, heads, 1, n]`, the kernel's `bias`) and zeroes NaN probabilities as torch's SDPA
+export does (`zero_nan`), its first head masked whole with `-inf`. The same
 on `host -precision=bf16` (bfloat16 products, float32 sums) within bfloat16's error.
 Without a scale the pass applies too, and to scores within L2 (BERT-base's 12 x 128 x
 128); a divisor other than a power of two, a decode step's one query row and small
@@ -100,8 +101,14 @@ def _branch(k: int, heads: int, m: int, n: int, d: int, dv: int, transposed: boo
     if mask is not None:
         more, consts = _mask(k, mask, scores, m, n)
         nodes, inits, scores = [*nodes, *more], [*inits, *consts], f"z{k}"
-    nodes += [helper.make_node("Softmax", [scores], [f"p{k}"], axis=-1),
-              helper.make_node("MatMul", [f"p{k}", v], [y])]
+    probs = f"p{k}"
+    nodes.append(helper.make_node("Softmax", [scores], [probs], axis=-1))
+    if mask == "input":  # torch's SDPA export: NaN probabilities (rows all -inf) as 0
+        inits.append(numpy_helper.from_array(np.array(0, np.float32), f"zero{k}"))
+        nodes += [helper.make_node("IsNaN", [probs], [f"nan{k}"]),
+                  helper.make_node("Where", [f"nan{k}", f"zero{k}", probs], [f"pz{k}"])]
+        probs = f"pz{k}"
+    nodes.append(helper.make_node("MatMul", [probs, v], [y]))
     shapes = [(q, [1, heads, m, d]), (key, key_shape), (v, [1, heads, n, dv])]
     if mask == "input":
         shapes.append((f"bias{k}", [1, heads, 1, n]))
@@ -128,6 +135,7 @@ def _model(keep: range = range(len(CASES))) -> onnx.ModelProto:
 
 MODEL = _model()
 CHECK = kernel_checks.KernelCases(MODEL, CASES, 1e-5, np.random.default_rng(63))
+CHECK.feeds["bias0"][0, 0] = -np.inf  # the first head's rows all masked: zeros out
 reference = CHECK.reference_fixture()
 
 
@@ -181,9 +189,9 @@ def test_scores_past_the_l2_cache_take_the_blocked_kernel(target: str, op: str) 
     assert ops.count(op) == len(CASES)
     assert "softmax" not in ops and not any(o.startswith("matmul_tiled") for o in ops)
     # each masked branch's mask is recognised as causal and leaves no where/add behind
-    assert [(bool(c.attrs.get("causal")), len(c.args)) for c in calls if c.op == op] == [
-        (False, 4), (True, 3)]
-    assert "where" not in ops and "add" not in ops
+    assert [(bool(c.attrs.get("causal")), len(c.args), bool(c.attrs.get("zero_nan")))
+            for c in calls if c.op == op] == [(False, 4, True), (True, 3, False)]
+    assert "where" not in ops and "add" not in ops and "isnan" not in ops
 
 
 def _one_attention(m: int, scale: Scale, heads: int = 8, n: int = 1500,

@@ -10,7 +10,10 @@ keys as exporters leave them after merge-copies) or `[*batch, d, n]`, `v`
 the scores' scalar factor (float32, 1.0 when there was none). `bias` (optional): a
 float32 tensor added to the scaled (and causally masked) scores, of their rank, each
 dim 1 (broadcast) or theirs: an attention mask computed from the graph's inputs (a
-padding mask `[b, 1, 1, n]`, a decoder's 4-D mask `[b, 1, m, n]`). The te compute (the
+padding mask `[b, 1, 1, n]`, a decoder's 4-D mask `[b, 1, m, n]`). Attribute
+`zero_nan` (bool, default false): NaN probabilities count as 0 (torch's SDPA export,
+`where(isnan(p), 0, p)`: a row masked whole with `-inf` gives zeros, not NaN). The te
+compute (the
 fallback of targets without the kernel) and the reference are the three ops it stands
 for, each product summed as `matmul`'s.
 
@@ -28,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
-from kiln.ir.tensor import PrimExpr, select
+from kiln.ir.tensor import PrimExpr, intrin, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.gemm_bf16 import bf16_round
@@ -83,6 +86,11 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     return TensorType((*batch, m, dv), "float32")
 
 
+def zero_nan(p: PrimExpr) -> PrimExpr:
+    """`p`, or 0 where it is NaN (attribute `zero_nan`)."""
+    return select(intrin("isnan", p), 0.0, p)
+
+
 def bias_index(idx: Sequence[Any], shape: Sequence[Any]) -> tuple[Any, ...]:
     """The bias element of the scores' element `idx`: index 0 along its dims of 1."""
     return tuple(0 if d == 1 else i for i, d in zip(idx, shape))
@@ -114,8 +122,12 @@ def _scores(q: te.Tensor, k: te.Tensor, bias: te.Tensor | None, attrs: Attrs) ->
 def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     q, k, v = inputs[:3]
     bias = inputs[3] if len(inputs) == 4 else None
-    probs = _materialized(softmax_compute([_scores(q, k, bias, attrs)], {"axis": -1}),
-                          "probs")
+    probs = softmax_compute([_scores(q, k, bias, attrs)], {"axis": -1})
+    if attrs.get("zero_nan"):
+        f = probs.fcompute
+        assert f is not None
+        probs = te.compute(probs.shape, lambda *i: zero_nan(f(*i)), probs.dtype, "probs")
+    probs = _materialized(probs, "probs")
     return matmul_compute([probs, v], {})
 
 
@@ -130,7 +142,10 @@ def _reference(rounded: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.
             scores = np.where(seen, scores, np.float32(MASKED_SCORE))
         if bias is not None:
             scores = scores + bias
-        return matmul_ref(rounded(softmax_ref(scores, axis=-1)), rounded(v))
+        probs = softmax_ref(scores, axis=-1)
+        if attrs.get("zero_nan"):
+            probs = np.where(np.isnan(probs), np.float32(0), probs)
+        return matmul_ref(rounded(probs), rounded(v))
     return ref
 
 

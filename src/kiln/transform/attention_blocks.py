@@ -7,13 +7,15 @@ After `block-matmuls`, a float32 attention is the chain
                                                                  or divide by a power of 2)
     x = <a causal mask of x>   (optional: kiln.transform.attention_masks)
     x = add(x, bias)           (optional: a mask computed from the inputs)
-    p = softmax(x, axis=-1); [p = cast(p, float32)]; out = matmul_tiled(p, v)
+    p = softmax(x, axis=-1); [p = cast(p, float32) or where(isnan(p), 0, p)]
+    out = matmul_tiled(p, v)
 
 (both products `matmul_tiled_bf16` on `precision=bf16` targets), whose kernels write
 the `[*batch, m, n]` scores, read them back and write them again, then read them once
 more. The pass rewrites it to `attention_tiled(q, k, v)` (`attention_tiled_bf16`;
 kiln.ops.attention_blocks; `causal` when a causal mask was taken: the kernel then does
-no work above the diagonal; the operand `bias` for an added mask) when each link is
+no work above the diagonal; the operand `bias` for an added mask; `zero_nan` for NaN
+probabilities as zeros) when each link is
 read only by the next, the batch dims are equal and static, there is more than one
 query row, and the scores exceed an eighth of the target's L2 cache (`ISA.l2_bytes`,
 `SCORES_L2_FRACTION`): the kernel then computes a block of query rows at a time with
@@ -132,7 +134,13 @@ def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
         # torch's GPT-2 export casts the probabilities to their own dtype
         assert isinstance(probs, g.Var)
         through, probs = [probs], same.args[0]
-    softmax = _read_once(probs, defs, uses, "softmax")
+    softmax: g.Call | None
+    nan_zeroed = _nan_zeroed(probs, defs, uses)
+    if nan_zeroed is not None:
+        probs, softmax, more = nan_zeroed
+        through = [*through, *more]
+    else:
+        softmax = _read_once(probs, defs, uses, "softmax")
     if softmax is None:
         return None
     st = softmax.args[0].type
@@ -143,8 +151,8 @@ def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
     masked = causal_scores(x, defs, uses)
     biased = attention_bias(x, defs, uses) if masked is None else None
     if biased is not None:  # a mask from the inputs, over any causal one
-        x, bias, more = biased
-        through = [*through, *more]
+        x, bias, read = biased
+        through = [*through, *read]
         masked = causal_scores(x, defs, uses)
     if masked is not None:
         x, through = masked[0], [*through, *masked[1]]
@@ -162,6 +170,8 @@ def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
         attrs["transpose_b"] = True
     if masked is not None:
         attrs["causal"] = True
+    if nan_zeroed is not None:
+        attrs["zero_nan"] = True
     try:
         out = call(_FUSED[value.op], q, k, v, *([] if bias is None else [bias]), **attrs)
     except IRError:
@@ -170,6 +180,27 @@ def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
         return None
     assert isinstance(probs, g.Var) and isinstance(scores, g.Var)
     return out, [probs, scores, *through]
+
+
+def _nan_zeroed(x: g.Expr, defs: Defs, uses: Any
+                ) -> tuple[g.Expr, g.Call, list[g.Var]] | None:
+    """(p, the softmax defining it, the vars read through) when `x` is torch's SDPA
+    export of NaN probabilities as zeros, `where(isnan(p), 0, p)`, read once, with `p` a
+    softmax read only by the two."""
+    value = _read_once(x, defs, uses, "where")
+    if value is None:
+        return None
+    cond, zero, p = value.args
+    test = _read_once(cond, defs, uses, "isnan")
+    softmax: g.Call | None = None
+    if isinstance(p, g.Var) and isinstance(defs.get(p), g.Call):
+        softmax = defs[p]
+    if test is None or test.args[0] is not p or not isinstance(zero, g.Constant) \
+            or zero.data.size != 1 or float(zero.data.reshape(())) != 0.0 \
+            or softmax is None or softmax.op != "softmax" or uses[p] != 2:
+        return None
+    assert isinstance(x, g.Var) and isinstance(cond, g.Var)
+    return p, softmax, [x, cond]
 
 
 def _worth_blocking(scores: TensorType, isa: ISA) -> bool:

@@ -28,7 +28,7 @@ from would give), runs each row's softmax over those columns only, and sums P @ 
 those keys only: the masked probabilities are exactly 0 there, and the columns past
 are skipped. For GPT-2's 128 x 128 scores a half of both products and the softmax.
 An attention mask computed from the inputs (`bias`, broadcast over the scores) is added
-as the softmax reads each score.
+as the softmax reads each score; `zero_nan` zeroes NaN probabilities as P @ V reads them.
 
 A block's workspace is sized to stay in the L2 cache (`ISA.l2_bytes`) with the keys and
 values of its head, so the scores are written and read back in cache: the unfused
@@ -84,6 +84,7 @@ from kiln.ops.attention_blocks import (
     MASKED_SCORE,
     attention_dims,
     bias_index,
+    zero_nan,
 )
 from kiln.ops.gemm_bf16 import PAIR_BLOCK, PAIR_STRIDE
 from kiln.target.isa import ISA
@@ -151,6 +152,7 @@ class Operands:
     scale: float
     causal: bool = False
     bias: Buffer | None = None
+    zero_nan: bool = False
 
     @property
     def dims(self) -> tuple[tuple[int, ...], int, int, int, int]:
@@ -184,7 +186,8 @@ class AttentionLowering(GemmLowering):
         ops = Operands(q, k, v, Buffer("out", (*batch, m, dv), F32),
                        bool(attrs.get("transpose_b")), float(attrs.get("scale", 1.0)),
                        bool(attrs.get("causal")),
-                       buffers[args[3]] if len(args) == 4 else None)
+                       buffers[args[3]] if len(args) == 4 else None,
+                       bool(attrs.get("zero_nan")))
         return PrimFunc((*(buffers[t] for t in params), ops.out),
                         attention_body(ops, bf16, isa=isa), {ATTR_GEMM_KERNEL: self.op})
 
@@ -279,8 +282,9 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
                                   Store(ops.out, x, (*bidx, row, col)))
 
             def probs(r: PrimExpr, kk: PrimExpr) -> PrimExpr:
-                p = scores[t * mr + r, kk]
-                return p * inv[t * mr + r] if bf16 else p
+                p: PrimExpr = scores[t * mr + r, kk]
+                p = p * inv[t * mr + r] if bf16 else p
+                return zero_nan(p) if ops.zero_nan else p
 
             return row_tile(pv.used(k=seen(t)), (h, bidx), mr, nr, probs, store, isa)
 
