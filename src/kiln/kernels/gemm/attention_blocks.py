@@ -218,7 +218,6 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
             *bidx, kk, p * nr + lane if dv % nr == 0 else min_(p * nr + lane, dv - 1))])
         row_tile = _f32_row_tile
     factor = as_expr(ops.scale, F32)
-    masked = as_expr(MASKED_SCORE, F32)
     lanes = min(tile_lanes(isa), n)
     # a causal tile's columns come in whole panels (and, for bf16, whole pairs of words)
     grain = math.lcm(nr, PAIR_BLOCK) if bf16 else nr
@@ -269,11 +268,7 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
                                   lambda j, x: Store(scores, x, (r, j)), False, isa=isa)
             if columns is None:
                 return row
-            # the tile's columns past this row's position: a loop of its own, not a
-            # select in every score's store (which LLVM takes twice as long to compile)
-            start = min_(first + r + (n - m + 1), columns)
-            return seq(loop("j", columns - start, lambda j: Store(scores, masked, (r, j)),
-                            start=start), row)
+            return seq(_masked_past(scores, r, first + r + (n - m + 1), columns), row)
 
         def out_tile(t: Var) -> Stmt:
             def store(r: int, col: PrimExpr, x: PrimExpr) -> Stmt:
@@ -293,6 +288,15 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
                    loop("t", rows // mr, out_tile))
 
     return seq(*packing, parallel_tiles((heads, blocks), block))
+
+
+def _masked_past(scores: Buffer, r: PrimExpr, start: PrimExpr, columns: PrimExpr) -> Stmt:
+    """Row `r`'s scores from `start` (its first key past its position) to its tile's
+    `columns`, set to `MASKED_SCORE`: a loop of their own, not a select in every score's
+    store (which LLVM takes twice as long to compile)."""
+    begin = min_(start, columns)
+    return loop("j", columns - begin,
+                lambda j: Store(scores, as_expr(MASKED_SCORE, F32), (r, j)), start=begin)
 
 
 def _f32_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int,
