@@ -41,7 +41,7 @@ from support.targets import native_target
 pytest.importorskip("onnxruntime")
 
 # (heads, query rows, keys, head width, value width, the keys transposed,
-#  the scores' scale: (ONNX op, its constant) or None[, the causal mask's form])
+#  the scores' scale: (ONNX op, its constant) or None[, the mask's form: _mask])
 Scale = tuple[str, float] | None
 CASES = [(2, 370, 371, 40, 24, True, ("Mul", 0.125), "input"),
          (1, 512, 600, 16, 32, False, ("Div", 4.0), "add")]
@@ -49,8 +49,9 @@ LOWEST = float(np.finfo(np.float32).min)
 
 
 def _mask(k: int, form: str, scores: str, m: int, n: int) -> tuple[list, list]:
-    """The nodes and constants applying a causal mask of `form` to `scores` (`m` x `n`,
-    the rows the last `m` positions), out as `z{k}`."""
+    """The nodes and constants applying a mask of `form` to `scores` (`m` x `n`, the rows
+    the last `m` positions), out as `z{k}`: the graph input `bias{k}` ("input") or a
+    causal mask as an exporter writes it ("where", "fill", "add")."""
     z, node = f"z{k}", helper.make_node
     const = numpy_helper.from_array
     if form == "input":  # a mask from the graph's inputs: per head, over every row
@@ -188,7 +189,7 @@ def test_scores_past_the_l2_cache_take_the_blocked_kernel(target: str, op: str) 
     ops = [c.op for c in calls]
     assert ops.count(op) == len(CASES)
     assert "softmax" not in ops and not any(o.startswith("matmul_tiled") for o in ops)
-    # each masked branch's mask is recognised as causal and leaves no where/add behind
+    # the input mask is the kernel's bias, the additive one its causal; nothing is left
     assert [(bool(c.attrs.get("causal")), len(c.args), bool(c.attrs.get("zero_nan")))
             for c in calls if c.op == op] == [(False, 4, True), (True, 3, False)]
     assert "where" not in ops and "add" not in ops and "isnan" not in ops
