@@ -15,6 +15,7 @@ import itertools
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -102,23 +103,44 @@ def wait_for(lib: LibraryModule, done: Callable[[PoolStats], bool]) -> PoolStats
 
 def test_workers_spin_for_the_window_then_sleep(fresh: Callable[..., LibraryModule],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle worker spins for its window, then sleeps; one that another process
+    takes its CPU from sleeps then, before its window ends (a spinning thread is charged
+    for its spin, so it would be the last to run its share of the next loop)."""
     monkeypatch.setenv("KILN_SERIAL_NS", "0")  # every loop goes to the pool
+    monkeypatch.setenv("KILN_PIN_THREADS", "1")  # the worker's CPU, for the other process
     lib = fresh(num_threads=2)
     lib.set_spin_us(runtime.threads.MAX_SPIN_US)  # 10 s
     want = X * np.float32(1.5) - np.float32(0.25)
+    before = _thread_cpus()
     np.testing.assert_array_equal(run(lib), want)
     stats = lib.pool_stats()
     assert (stats.threads, stats.started, stats.loops, stats.small) == (2, 1, 1, 0)
-    # Within its window the worker spins: it has not slept once.
-    assert (stats.sleeping, stats.sleeps, stats.spin_us) == (0, 0, 10_000_000)
+    # Within its window the worker spins: it has not slept once, unless another thread
+    # took its CPU (a loaded machine).
+    assert stats.spin_us == 10_000_000 and (stats.sleeps == 0 or stats.preempted > 0)
+    if _can_pin():  # Linux, 2 CPUs or more
+        wait_for(lib, lambda s: s.pinned == 1)
+        (cpu,) = (c for t, c in _thread_cpus().items() if t not in before)  # the worker's
+        busy = subprocess.Popen([sys.executable, "-S", "-c", "import os, time\n"
+                                 f"os.sched_setaffinity(0, {{{cpu}}})\n"
+                                 f"end = time.monotonic() + {TIMEOUT}\n"
+                                 "while time.monotonic() < end: pass"])
+        try:
+            stats = wait_for(lib, lambda s: s.sleeping == 1)  # long before the 10 s
+        finally:
+            busy.kill()
+            busy.wait()
+        assert stats.preempted >= 1 and stats.loops == 1
     # A window of 0 applies at once: the worker goes to sleep.
+    np.testing.assert_array_equal(run(lib), want)
     lib.set_spin_us(0)
     stats = wait_for(lib, lambda s: s.sleeping == 1)
-    assert (stats.sleeping, stats.sleeps) == (1, 1)
+    slept = stats.sleeps
+    assert stats.sleeping == 1 and slept >= 1
     # The next loop wakes it (or the caller does the work); it sleeps again after.
     np.testing.assert_array_equal(run(lib), want)
-    stats = wait_for(lib, lambda s: s.sleeps == 2 and s.sleeping == 1)
-    assert (stats.loops, stats.sleeps, stats.sleeping) == (2, 2, 1)
+    stats = wait_for(lib, lambda s: s.sleeps == slept + 1 and s.sleeping == 1)
+    assert (stats.loops, stats.sleeps, stats.sleeping) == (3, slept + 1, 1)
     lib.set_spin_us(None)  # the default window: 20 ms without KILN_SPIN_US
     assert lib.pool_stats().spin_us == 20_000
 

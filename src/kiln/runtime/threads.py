@@ -59,6 +59,10 @@ class PoolStats(NamedTuple):
     # share of the pool's time spent working (the rest: waiting for a late thread).
     work_ns: int
     span_ns: int
+    # Of the sleeps, those a worker took before its spin window ended because it found
+    # it had been descheduled while it spun: other threads want the CPUs (docs/abi.md,
+    # "Parallel loops").
+    preempted: int
 
 
 class PoolControls:

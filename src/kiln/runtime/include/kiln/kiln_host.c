@@ -782,6 +782,8 @@ enum {
   KILN_POOL_STAT_STOLEN,   /* ... of them run by a thread other than their share's */
   KILN_POOL_STAT_WORK_NS,  /* time threads spent running chunks, summed over the threads */
   KILN_POOL_STAT_SPAN_NS,  /* wall time of handed-off loops, from posting to return */
+  KILN_POOL_STAT_PREEMPTED, /* ... of the sleeps, those before the spin window's end: the
+                               worker was descheduled while it spun */
   KILN_POOL_STAT_COUNT
 };
 
@@ -868,6 +870,13 @@ enum {
   KILN_POOL_CHUNKS_PER_THREAD = 16,
   KILN_POOL_WAIT_SPINS = 2000,  /* the caller waiting for the last chunks */
   KILN_POOL_SPIN_BATCH = 64,    /* pauses between two looks at the clock */
+  /* More than this (ns) between two looks at the clock: the spinning worker was
+     descheduled (a batch of pauses takes a few microseconds). */
+  KILN_POOL_PREEMPTED_NS = 20000,
+  /* For this long (ns) after a worker was descheduled while it spun, the workers spin
+     at most KILN_POOL_LOADED_SPIN_NS before they sleep. */
+  KILN_POOL_LOADED_NS = 1000000000,
+  KILN_POOL_LOADED_SPIN_NS = 200000,
   KILN_POOL_COSTS = 64,         /* loops whose cost the pool remembers */
   KILN_POOL_LINE = 64           /* bytes of a cache line: one thread's chunk counter each */
 };
@@ -930,6 +939,7 @@ static struct {
   int32_t status;           /* atomic: first non-zero status of a chunk */
   int64_t spin_ns;          /* atomic: the spin window */
   int64_t serial_ns;        /* loops whose measured work is below run on the caller */
+  int64_t loaded_until;     /* atomic: until then (ns) workers spin KILN_POOL_LOADED_SPIN_NS */
   int64_t work_ns;          /* atomic: time the threads spent in chunks of this loop */
   int64_t stats[KILN_POOL_STAT_COUNT]; /* atomic: the counters of KILN_POOL_STATS */
   kiln_pool_body_fn body;            /* the posted loop: written before `generation` */
@@ -1182,10 +1192,28 @@ static void kiln_pool_follow_caller(int index) {
   }
 }
 
+/* The spin window of a worker that starts or goes on spinning at `now`: the set one,
+   or while a worker was descheduled in the last KILN_POOL_LOADED_NS at most
+   KILN_POOL_LOADED_SPIN_NS (a loaded machine: the caller, too, is often descheduled
+   between two loops, and a worker spinning through that is charged for it). */
+static int64_t kiln_pool_window(int64_t now) {
+  int64_t window = KILN_LOAD(kiln_pool.spin_ns);
+  if (now < KILN_LOAD(kiln_pool.loaded_until) && window > KILN_POOL_LOADED_SPIN_NS) {
+    return KILN_POOL_LOADED_SPIN_NS;
+  }
+  return window;
+}
+
 /* Until a loop other than `seen` is posted or this worker must stop: spin for the
-   spin window (read again as it goes: set_spin_us applies at once), then sleep. */
+   spin window (read again as it goes: set_spin_us applies at once), then sleep. A
+   worker that finds it was descheduled while it spun (KILN_POOL_PREEMPTED_NS between
+   two looks at the clock) sleeps at once: another thread wants its CPU, and the
+   scheduler charges a spinning thread for the time it spins, so that at the next loop
+   it would run last, its share waiting for it (docs/abi.md, "Parallel loops"); a
+   sleeping thread it wakes gets the CPU back at once. */
 static void kiln_pool_idle(unsigned long seen, int index) {
-  int64_t start = kiln_pool_now_ns();
+  int64_t start = kiln_pool_now_ns(), last = start, now, window = kiln_pool_window(start);
+  int preempted = 0;
   for (;;) {
     int i;
     for (i = 0; i < KILN_POOL_SPIN_BATCH; ++i) {
@@ -1194,13 +1222,22 @@ static void kiln_pool_idle(unsigned long seen, int index) {
       }
       KILN_PAUSE();
     }
-    if (kiln_pool_now_ns() - start >= KILN_LOAD(kiln_pool.spin_ns)) {
+    now = kiln_pool_now_ns();
+    if (now - start >= window) {
       break;
     }
+    if (now - last >= KILN_POOL_PREEMPTED_NS) {
+      preempted = 1;
+      KILN_STORE(kiln_pool.loaded_until, now + KILN_POOL_LOADED_NS);
+      break;
+    }
+    last = now;
+    window = kiln_pool_window(now);
   }
   pthread_mutex_lock(&kiln_pool.lock);
   if (index < KILN_LOAD(kiln_pool.keep) && !kiln_pool_posted(seen)) {
     KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SLEEPS], 1);
+    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_PREEMPTED], preempted);
     KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SLEEPING], 1);
     while (index < KILN_LOAD(kiln_pool.keep) && !kiln_pool_posted(seen)) {
       pthread_cond_wait(&kiln_pool.wake, &kiln_pool.lock);
