@@ -12,8 +12,8 @@ and the source bytes (for an archive, also every file its compiles may include).
 The objects are kept in memory, least recently used first out beyond `MAX_BYTES`, and
 on disk under the key (`$KILN_CACHE_DIR/objects`, else `~/.cache/kiln/objects`; off
 with `KILN_CACHE=0`, as the compile cache), so a new process finds them too: the C
-every library carries beside its model (the weights check, the swap interpreter) and a
-model's host.c built again from the compile cache. Each file holds a magic, the
+every library carries beside its model (host.c's prelude, the weights check, the swap
+interpreter) and a model's host.c built again from the compile cache. Each file holds a magic, the
 SHA-256 of the object and the object: one that does not match is ignored.
 
 A compile may also be started ahead (`start`): the llvm codegen starts host.c's while
