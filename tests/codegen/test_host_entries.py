@@ -29,7 +29,7 @@ from c_helpers import (
 )
 
 from kiln.codegen.constants import ConstantPool
-from kiln.codegen.host import codegen_host, host_source
+from kiln.codegen.host import codegen_host, host_prelude_source, host_source
 from kiln.codegen.naming import library_metadata
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir.tensor import Cast, const
@@ -236,6 +236,14 @@ def test_artifact_and_default_flags() -> None:
         elif line.startswith("#include") and current == "<stdin>":
             includes.add(line.split()[1])
     assert includes == {"<stdarg.h>", "<stddef.h>", "<stdint.h>", "<stdio.h>", "<string.h>"}
+    # Its #defines and kiln_host.c come first: the same bytes for another model of the
+    # prefix, which kiln.runtime.native compiles once (docs/codegen-c.md).
+    other_mod = many_functions_module(3)
+    other = codegen_host(other_mod, prefix="kiln_", metadata=library_metadata(other_mod, "kiln_"))
+    size = art.metadata["prelude"]
+    assert other.metadata["prelude"] == size and other.content[:size] == art.content[:size]
+    assert host_prelude_source() in art.content[:size].decode()
+    assert other.content != art.content
 
 
 def many_functions_module(n: int) -> IRModule:

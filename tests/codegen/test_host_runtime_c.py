@@ -2,7 +2,8 @@
 
 It ships next to kiln.h (package data) and must compile on its own, strictly,
 in every configuration host.c uses it in: plain, with the thread pool, and with
-the pool under KILN_NO_THREADS (firmware).
+the pool under KILN_NO_THREADS (firmware); alone as host.c's prelude object and
+with kiln_host_entries.c as one translation unit.
 """
 
 from __future__ import annotations
@@ -63,18 +64,35 @@ def test_ships_next_to_kiln_h() -> None:
     assert f"#define KILN_HOST_ERROR_SIZE {ERROR_BUFFER_SIZE}" in text
 
 
+# The helpers host.c's model part calls: hidden externs when kiln_host.c is compiled
+# apart (KILN_HOST_PRELUDE_ONLY, kiln.runtime.native), static in one translation unit.
+SHARED_HELPERS = sorted(f"kiln_host_{n}" for n in (
+    "error", "fail", "tensor", "bind_dim", "dim_range", "shape_is", "dim_ok", "dim_nonzero",
+    "int", "float", "terminate_flag", "cpu_ok"))
+
+
 @pytest.mark.parametrize("std", ["-std=c11", "-std=c99"])
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_compiles_standalone_with_werror(config: str, std: str, tmp_path: Path) -> None:
+    """As C11, kiln_host.c alone as kiln.runtime.native compiles host.c's prelude; as
+    C99, with kiln_host_entries.c in one translation unit, as Model Library Format's
+    host.c is built."""
     obj = tmp_path / "kiln_host.o"
+    split = std == "-std=c11"
+    source = tmp_path / "runtime.c"
+    source.write_text("#include <kiln/kiln_host.c>\n#include <kiln/kiln_host_entries.c>\n")
     proc = subprocess.run(
         [CC, std, "-Wall", "-Wextra", "-Werror", "-pedantic", *CONFIGS[config], "-c",
-         str(host_runtime_path()), "-o", str(obj)], capture_output=True, text=True)
+         *(["-DKILN_HOST_PRELUDE_ONLY", str(host_runtime_path())] if split
+           else [f"-I{include_dir()}", str(source)]), "-o", str(obj)],
+        capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     symbols = subprocess.run(["nm", "-g", "--defined-only", str(obj)], capture_output=True,
                              text=True, check=True).stdout.split()
     # Only the pool's entry and controls, the profiling timers and the CPU check are
-    # global; every check helper is static.
+    # global; every check helper is static (hidden when compiled apart).
+    assert sorted(s for s in symbols if s.startswith("kiln_host_")) == (
+        SHARED_HELPERS if split else [])
     assert ("kiln_parallel_for" in symbols) == ("-DKILN_HOST_PARALLEL" in CONFIGS[config])
     profiled = any(flag.startswith("-DKILN_HOST_PROFILE") for flag in CONFIGS[config])
     assert sorted(s for s in symbols if s.startswith("kiln_profile")) == (
@@ -82,10 +100,12 @@ def test_compiles_standalone_with_werror(config: str, std: str, tmp_path: Path) 
     workspace = ["kiln_workspace_alloc", "kiln_workspace_free"]
     assert sorted(s for s in symbols if s in workspace) == (
         workspace if "-DKILN_WORKSPACE_ALLOC=kiln_workspace_alloc" in CONFIGS[config] else [])
+    swap = "-DKILN_HOST_SWAP" in CONFIGS[config] and not split
     assert sorted(s for s in symbols if s.startswith("kiln_") and s != "kiln_parallel_for"
-                  and not s.startswith("kiln_profile") and s not in workspace) == sorted(
+                  and not s.startswith(("kiln_profile", "kiln_host_"))
+                  and s not in workspace) == sorted(
         ["kiln_cpu_missing", *(f"kiln_{name}" for name in POOL_EXPORTS),
-         *(SWAP_SYMBOLS if "-DKILN_HOST_SWAP" in CONFIGS[config] else [])])
+         *(SWAP_SYMBOLS if swap else [])])
 
 
 @pytest.mark.parametrize("std", ["-std=c11", "-std=c99"])

@@ -15,9 +15,12 @@ allocated).
 
 host.c is kiln_host.c (`kiln.runtime.include_dir()/kiln/kiln_host.c`: the
 checks, the error buffer and the thread pool, the same C for every model)
-followed by this model's part: kernel prototypes, entries and metadata. Every
-name in the model's part is spelled by kiln.escape. host.c includes only the C
-standard library; it needs C11 for `_Thread_local` (GNU `__thread` before C11).
+followed by kiln_host_entries.c and this model's part: kernel prototypes, entries
+and metadata. Every name in the model's part is spelled by kiln.escape. host.c
+includes only the C standard library; it needs C11 for `_Thread_local` (GNU
+`__thread` before C11). Its metadata `prelude` is the length of its #defines and
+kiln_host.c, which kiln.runtime.native compiles apart, once for every model that
+shares them (docs/codegen-c.md, "kiln_host.c").
 
 When some kernel has a `parallel` loop, host.c defines KILN_HOST_PARALLEL, so
 kiln_host.c adds the hidden `{prefix}_parallel_for`, a small pthread pool the
@@ -78,6 +81,7 @@ from kiln.ir.terminate import terminate_flag
 from kiln.kernels.parallel_work import PARALLEL_MIN_NS
 from kiln.runtime.abi import INT64_MAX, SCALAR_RANGES, dl_type
 from kiln.runtime.cpu_features import CPUFeature
+from kiln.runtime.native import PRELUDE_KEY
 
 HOST_FILE = "host.c"
 DEFAULT_HOST_CFLAGS = ("-std=c11", "-O2", "-fPIC")
@@ -87,6 +91,8 @@ PTHREAD_LIBS = ("-pthread",)
 
 # The model-independent C of host.c, shipped next to kiln.h (package data).
 HOST_RUNTIME_FILE = "kiln_host.c"
+# The rest of it, compiled with the model's entries (their own check messages).
+HOST_ENTRIES_FILE = "kiln_host_entries.c"
 # Longest name written inline as a string literal; longer ones get a static array.
 _INLINE_NAME = 200
 _NS = "kiln_host_"  # kiln_host.c's static helpers
@@ -104,14 +110,11 @@ def host_runtime_path() -> Path:
     return kiln_dir / "runtime" / "include" / "kiln" / HOST_RUNTIME_FILE
 
 
-@functools.cache
-def host_runtime_source() -> str:
-    """The text of kiln_host.c, which every generated host.c starts with, and of the
-    file it includes: host.c includes only the C library, so kiln_host.c's
-    `#include "kiln_dim.c"` line stands for that file's text, as it does for the
-    preprocessor (any other file of its directory it included would, too)."""
-    path = host_runtime_path()
-    out, included = [], []
+def _inlined(path: Path, included: list[str]) -> str:
+    """The text of `path` with each `#include "name"` of a file next to it replaced by
+    that file's text (recursively), as the preprocessor would; `included` collects the
+    names."""
+    out = []
     for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
         include = _LOCAL_INCLUDE.fullmatch(line)
         if include is None:
@@ -120,11 +123,36 @@ def host_runtime_source() -> str:
         name = include[1]
         if not (path.parent / name).is_file():
             raise CompileError(f"{path} includes {name!r}, which is not next to it")
-        out.append((path.parent / name).read_text(encoding="utf-8"))
         included.append(name)
-    if DIM_RUNTIME_FILE not in included:
-        raise CompileError(f"{path} does not include {DIM_RUNTIME_FILE}")
+        out.append(_inlined(path.parent / name, included))
     return "".join(out)
+
+
+@functools.cache
+def host_prelude_source() -> str:
+    """The text of kiln_host.c, which every generated host.c starts with (after its
+    #defines), and of the file it includes: host.c includes only the C library, so
+    kiln_host.c's `#include "kiln_dim.c"` line stands for that file's text, as it does
+    for the preprocessor (any other file of its directory it included would, too)."""
+    included: list[str] = []
+    text = _inlined(host_runtime_path(), included)
+    if DIM_RUNTIME_FILE not in included:
+        raise CompileError(f"{host_runtime_path()} does not include {DIM_RUNTIME_FILE}")
+    return text
+
+
+@functools.cache
+def host_entries_source() -> str:
+    """The text of kiln_host_entries.c (and the files it includes), which host.c holds
+    after kiln_host.c and the model's check messages: what the entries need in their
+    own object when the prelude is compiled apart (kiln.runtime.native)."""
+    return _inlined(host_runtime_path().with_name(HOST_ENTRIES_FILE), [])
+
+
+def host_runtime_source() -> str:
+    """The model-independent C of host.c: kiln_host.c then kiln_host_entries.c, with
+    the files they include (the #defines of `HostPrinter.render` go before it)."""
+    return host_prelude_source() + host_entries_source()
 
 
 @functools.cache
@@ -244,37 +272,48 @@ class HostPrinter:
                 *self.helpers.lines(), *(f"#undef {n}" for n in names), ""]
 
     def render(self) -> str:
+        """host.c's text (see `render_parts`)."""
+        prelude, model = self.render_parts()
+        return prelude + model
+
+    def render_parts(self) -> tuple[str, str]:
+        """host.c in two parts: its #defines and kiln_host.c, the same for every model
+        of one prefix, target and set of features (kiln.runtime.native compiles it once,
+        apart); then kiln_host_entries.c and this model's part."""
         funcs = kernel_funcs(self.mod)
         entries: list[str] = []
         for name, fn in funcs.items():
             entries.extend(self.entry(name, fn))
             entries.append("")
         generating = self.generate_entries()
-        config = [check_messages_define(own_check_messages(self.mod)),
-                  *cpu_features_config(self.prefix, self.cpu_features)]
+        config = cpu_features_config(self.prefix, self.cpu_features)
         config += self.profile_config()
         config += pool_controls_config(self.prefix)
         if self.heap:
             alloc, free = workspace_symbols(self.prefix)
             config += [f"#define KILN_WORKSPACE_ALLOC {alloc}",
                        f"#define KILN_WORKSPACE_FREE {free}"]
-        if generating:
-            config.append("#define KILN_HOST_GENERATE 1")
         config += self.swap_config()
         if self.parallel:
             config += ["#define KILN_HOST_PARALLEL 1",
                        f"#define KILN_PARALLEL_FOR {parallel_for_symbol(self.prefix)}",
                        f"#define KILN_POOL_DEFAULT_SERIAL_NS {PARALLEL_MIN_NS}"]
-        out = [
+        prelude = [
             "/*",
             f" * {HOST_FILE} -- generated by kiln {__version__}. Do not edit.",
             " * Checked packed entry points, last error and metadata of docs/abi.md:",
             f" * {HOST_RUNTIME_FILE} (the same for every model), then this model's part.",
             " */",
             *config,
-            host_runtime_source().rstrip("\n"),
+            host_prelude_source().rstrip("\n"),
             "",
+        ]
+        model = [
             "/* ------------------------------------------------------- this model */",
+            "",
+            check_messages_define(own_check_messages(self.mod)),
+            *(["#define KILN_HOST_GENERATE 1"] if generating else []),
+            host_entries_source().rstrip("\n"),
             "",
             "/* Raw kernels (kernels.c / kernels.o). */",
             *(self.kernel_prototype(name, fn) for name, fn in funcs.items()),
@@ -284,7 +323,7 @@ class HostPrinter:
             *generating,
             *self.accessors(),
         ]
-        return "\n".join(out).rstrip("\n") + "\n"
+        return "\n".join(prelude) + "\n", "\n".join(model).rstrip("\n") + "\n"
 
     def generate_entries(self) -> list[str]:
         """`{prefix}_generate_{fn}` for each decoder function (kiln.codegen.host_generate)."""
@@ -582,8 +621,11 @@ def codegen_host(
     meta: dict[str, Any] = {"cflags": flags}
     if has_parallel_loops(mod) and "-DKILN_NO_THREADS" not in flags:
         meta["libs"] = list(PTHREAD_LIBS)
-    source = host_source(mod, prefix=prefix, metadata=metadata, cpu_features=cpu_features)
-    return Artifact("host", "native", HOST_FILE, source.encode("utf-8"), meta)
+    prelude, model = HostPrinter(mod, prefix, metadata, cpu_features).render_parts()
+    # host.c's first bytes, its #defines and kiln_host.c: compiled apart, once for every
+    # model that shares them (kiln.runtime.native.PRELUDE_KEY).
+    meta[PRELUDE_KEY] = len(prelude.encode("utf-8"))
+    return Artifact("host", "native", HOST_FILE, (prelude + model).encode("utf-8"), meta)
 
 
 __all__ = ["codegen_host", "host_source", "workspace_bytes"]

@@ -7,7 +7,8 @@ load time alike:
 - `.c` artifacts are compiled `cc -c -std=c99 -O2 -fPIC -fvisibility=hidden
   -I<kiln include dir> <metadata cflags> <options>`, once per process for the same
   source, compiler and flags (kiln.runtime.object_cache: exporting `.so` then `.a`
-  compiles once);
+  compiles once); a host.c with a prelude (PRELUDE_KEY) as two objects, its
+  prelude's shared by every library whose host.c starts with the same bytes;
 - `.bin` artifacts become read-only data symbols through a generated assembler
   stub (`.incbin`), named `metadata["symbol"]` and aligned to `metadata["align"]`;
 - `link_shared` links the objects with `cc -shared` and a version script that
@@ -22,6 +23,7 @@ import os
 import shlex
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +36,18 @@ if TYPE_CHECKING:
     from kiln.artifact import AnyArtifact
 
 CFLAGS = ("-std=c99", "-O2", "-fPIC", "-fvisibility=hidden")
+# Metadata of a C artifact whose first bytes (this many) compile alone: host.c's
+# #defines and kiln_host.c, the same for many models. They are compiled apart, as
+# PRELUDE_FILE with -DKILN_HOST_PRELUDE_ONLY, and the whole file with
+# -DKILN_HOST_MODEL_ONLY (only declarations of the prelude), so the object cache
+# holds the prelude's object once for all of them.
+PRELUDE_KEY = "prelude"
+PRELUDE_FILE = "kiln_host.c"
+# The rest is compiled -O1 where the artifact asks for -O2 or -O3 (before the options,
+# which may override it): the entries' checks call the prelude's helpers, and -O1
+# compiles them a third faster with no call measurably slower (docs/performance.md,
+# "Compile time"). A size-minded -Os stays.
+MODEL_UNIT_LEVEL = "-O1"
 DEFAULT_ALIGN = 16
 NATIVE_SUFFIXES = (".o", ".c", ".bin")
 
@@ -169,18 +183,15 @@ def compile_native(
         if suffix == ".o":
             objects.append(src)
         elif suffix == ".c":
-            obj = folder / (a.file_name + ".o")
-            cmd, flags = _c_command(a, cc_cmd, src, obj, options)
-            objects.append(obj)
-            key = None if reads_other_files(flags) else object_cache.object_key(
-                cmd, src.read_bytes(), str(src), str(obj))
-            cached = None if key is None else object_cache.lookup(key)
-            if cached is not None:
-                obj.write_bytes(cached)
-                continue
-            jobs.append((cmd, f"compiling {where}"))
-            if key is not None:
-                compiled.append((key, obj))
+            for cmd, key, obj in _c_units(a, cc_cmd, src, options):
+                objects.append(obj)
+                cached = None if key is None else object_cache.lookup(key)
+                if cached is not None:
+                    obj.write_bytes(cached)
+                    continue
+                jobs.append((cmd, f"compiling {where}"))
+                if key is not None:
+                    compiled.append((key, obj))
         elif suffix == ".bin":
             symbol = a.metadata.get("symbol")
             if not isinstance(symbol, str):
@@ -211,6 +222,31 @@ def _c_command(a: AnyArtifact, cc_cmd: list[str], src: Path, obj: Path,
             str(src)], flags
 
 
+def _c_units(a: AnyArtifact, cc_cmd: list[str], src: Path,
+             options: Sequence[str] | None) -> list[tuple[list[str], str | None, Path]]:
+    """(command, object cache key or None, object) of each compile of C artifact `a`,
+    written to `src`: one, or for a host.c with a prelude (PRELUDE_KEY) two, the
+    prelude alone (written next to `src` as PRELUDE_FILE) and the rest."""
+    data = src.read_bytes()
+    size = a.metadata.get(PRELUDE_KEY)
+    units: list[tuple[Path, tuple[str, ...]]] = [(src, ())]
+    if isinstance(size, int) and 0 < size < len(data):
+        prelude = src.with_name(PRELUDE_FILE)
+        prelude.write_bytes(data[:size])
+        levels = [f for f in _cflags(a.metadata, "cflags", str(src)) if f.startswith("-O")]
+        lower = (MODEL_UNIT_LEVEL,) if levels[-1:] in (["-O2"], ["-O3"]) else ()
+        units = [(src, ("-DKILN_HOST_MODEL_ONLY", *lower)),
+                 (prelude, ("-DKILN_HOST_PRELUDE_ONLY",))]
+    out: list[tuple[list[str], str | None, Path]] = []
+    for unit, defines in units:
+        obj = unit.with_name(unit.name + ".o")
+        cmd, flags = _c_command(a, cc_cmd, unit, obj, [*defines, *(options or ())])
+        key = None if reads_other_files(flags) else object_cache.object_key(
+            cmd, data if unit == src else data[:size], str(unit), str(obj))
+        out.append((cmd, key, obj))
+    return out
+
+
 def precompile_c(artifact: AnyArtifact, cc: str | Sequence[str] | None = None) -> None:
     """Start compiling the C artifact `artifact` in the background, as `compile_native`
     with `cc` and no options will (kiln.runtime.object_cache.start): the llvm codegen
@@ -221,20 +257,36 @@ def precompile_c(artifact: AnyArtifact, cc: str | Sequence[str] | None = None) -
     src = Path(folder.name) / artifact.file_name
     with open(src, "wb") as f:
         write_content(f, artifact.content)
-    obj = src.with_name(artifact.file_name + ".o")
-    cmd, flags = _c_command(artifact, cc_cmd, src, obj, None)
-    key = None if reads_other_files(flags) else object_cache.object_key(
-        cmd, src.read_bytes(), str(src), str(obj))
-    if key is None or object_cache.started(key):
+    units = [(cmd, key, obj) for cmd, key, obj in _c_units(artifact, cc_cmd, src, None)
+             if key is not None and not object_cache.started(key)]
+    shared = _SharedFolder(folder, len(units))  # removed when the last compile is done
+    for cmd, key, obj in units:
+        try:
+            process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
+        except OSError:  # no compiler: compile_native will say so
+            shared.cleanup()
+            continue
+        object_cache.start(key, process, obj, shared)
+    if not units:
         folder.cleanup()
-        return
-    try:
-        process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except OSError:  # no compiler: compile_native will say so
-        folder.cleanup()
-        return
-    object_cache.start(key, process, obj, folder)
 
+
+class _SharedFolder:
+    """A temporary folder that the compiles started in it share: removed by the last
+    `cleanup`."""
+
+    def __init__(self, folder: tempfile.TemporaryDirectory[str], users: int) -> None:
+        self.folder = folder
+        self.users = users
+        self.lock = threading.Lock()
+
+    def cleanup(self) -> None:
+        with self.lock:
+            self.users -= 1
+            last = self.users == 0
+        if last:
+            self.folder.cleanup()
 
 # Flags that make the compiler read files besides the source and kiln's headers (which
 # the object cache's key does not cover): such compiles are never reused.

@@ -5,10 +5,12 @@
  * thread pool of parallel loops.
  *
  * kiln.codegen.host writes host.c as: a few #defines, this file verbatim, then
- * the model's part (raw kernel prototypes, one packed entry per function, the
- * metadata). Nothing model-specific is in here, so it is reviewed and compiled
- * as C: tests build it alone with `cc -std=c11 -Wall -Wextra -Werror -c`, with
- * and without KILN_HOST_PARALLEL and KILN_NO_THREADS.
+ * kiln_host_entries.c and the model's part (raw kernel prototypes, one packed
+ * entry per function, the metadata). Nothing model-specific is in here, so it is
+ * reviewed and compiled as C: tests build it alone with `cc -std=c11 -Wall
+ * -Wextra -Werror -c`, with and without KILN_HOST_PARALLEL and KILN_NO_THREADS;
+ * and kiln.runtime.native compiles it once for every model of one configuration
+ * ("split builds" below).
  *
  * Configuration (defined before this text, or on the command line):
  *   KILN_HOST_PARALLEL  define the thread pool: some kernel has a parallel loop;
@@ -23,7 +25,9 @@
  *                       KILN_SWAP_{WEIGHTS,WEIGHT,PROGRAM,NAMES,CONSTS} its symbols;
  *   KILN_WORKSPACE_ALLOC / KILN_WORKSPACE_FREE  the kernels' heap allocator,
  *                       `{prefix}_workspace_alloc`/`_free` (hidden), with KILN_MALLOC /
- *                       KILN_FREE the allocator behind it (malloc/free by default).
+ *                       KILN_FREE the allocator behind it (malloc/free by default);
+ *   KILN_HOST_PRELUDE_ONLY / KILN_HOST_MODEL_ONLY  the two objects of a split build
+ *                       (below): this file's definitions only / its declarations only.
  *
  * It includes only the C standard library (and, for the pool, POSIX threads; for
  * the CPU check the compiler's <cpuid.h> on x86, <sys/auxv.h> on AArch64 Linux):
@@ -115,10 +119,48 @@ enum { KILN_DEVICE_CPU = 1 };
 /* Bytes of the thread-local error message buffer. */
 #define KILN_HOST_ERROR_SIZE 1024
 
-static KILN_THREAD_LOCAL char kiln_host_error[KILN_HOST_ERROR_SIZE];
+/* ------------------------------------------------------- split builds
+   kiln.runtime.native builds a host.c in two objects: its start (the #defines and
+   this file) alone with KILN_HOST_PRELUDE_ONLY, an object the same for every model
+   of one configuration that kiln's object cache keeps, and the whole file with
+   KILN_HOST_MODEL_ONLY, where this file only declares what the model's part calls.
+   The helpers below are then hidden externs (not exported: every library keeps its
+   own); in one translation unit (Model Library Format, standalone builds) static. */
+#if defined(KILN_HOST_PRELUDE_ONLY) || defined(KILN_HOST_MODEL_ONLY)
+#define KILN_HOST_FN KILN_HIDDEN
+extern KILN_HIDDEN KILN_THREAD_LOCAL char kiln_host_error[KILN_HOST_ERROR_SIZE];
+KILN_HOST_FN KILN_PRINTF(1, 2) int32_t kiln_host_fail(const char* format, ...);
+KILN_HOST_FN int32_t kiln_host_tensor(void** data, const char* fn, int32_t index,
+    const char* param, KilnValue arg, int32_t type_code, int32_t ndim, const int64_t* shape,
+    uint8_t code, uint8_t bits, size_t align);
+KILN_HOST_FN int32_t kiln_host_bind_dim(const char* fn, const char* dim, int64_t* value,
+    int32_t* first_index, const char** first_param, int32_t index, const char* param,
+    int64_t got);
+KILN_HOST_FN int32_t kiln_host_dim_range(const char* fn, const char* dim, int64_t value,
+    int64_t min, int64_t max);
+KILN_HOST_FN int32_t kiln_host_shape_is(const char* fn, int32_t index, const char* param,
+    KilnValue arg, int32_t ndim, const int64_t* want, const char* want_text);
+KILN_HOST_FN int32_t kiln_host_dim_ok(const char* fn, int32_t status, int64_t value,
+    const char* text);
+KILN_HOST_FN int32_t kiln_host_dim_nonzero(const char* fn, int32_t status, int64_t value,
+    const char* text, const char* why);
+KILN_HOST_FN int32_t kiln_host_int(int64_t* out, const char* fn, int32_t index,
+    const char* param, KilnValue arg, int32_t type_code, int64_t lo, int64_t hi,
+    const char* dtype);
+KILN_HOST_FN int32_t kiln_host_float(double* out, const char* fn, int32_t index,
+    const char* param, KilnValue arg, int32_t type_code);
+KILN_HOST_FN int32_t kiln_host_terminate_flag(void** flag, const char* fn, int32_t index,
+    const KilnValue* args, const int32_t* type_codes, int32_t num_args);
+KILN_HOST_FN int kiln_host_cpu_ok(const char* fn);
+#else
+#define KILN_HOST_FN static
+#endif
+
+#if !defined(KILN_HOST_MODEL_ONLY) /* the definitions: up to the end of this file */
+KILN_HOST_FN KILN_THREAD_LOCAL char kiln_host_error[KILN_HOST_ERROR_SIZE];
 
 /* Format the message of a failed call into this thread's error buffer. */
-static KILN_UNUSED KILN_PRINTF(1, 2) int32_t kiln_host_fail(const char* format, ...) {
+KILN_HOST_FN KILN_UNUSED KILN_PRINTF(1, 2) int32_t kiln_host_fail(const char* format, ...) {
   va_list ap;
   va_start(ap, format);
   vsnprintf(kiln_host_error, sizeof kiln_host_error, format, ap);
@@ -179,7 +221,7 @@ static KILN_UNUSED void kiln_host_shape_text(char* out, size_t size, const int64
 /* Checks 2-5 of docs/abi.md for tensor argument `index`; on success *data is the
    address of its first element. A NULL `shape` (ndim > 0) takes any shape: a symbolic
    one, checked by the entry once its dimensions are bound (kiln_host_bind_dim). */
-static KILN_UNUSED int32_t kiln_host_tensor(void** data, const char* fn, int32_t index,
+KILN_HOST_FN KILN_UNUSED int32_t kiln_host_tensor(void** data, const char* fn, int32_t index,
     const char* param, KilnValue arg, int32_t type_code, int32_t ndim, const int64_t* shape,
     uint8_t code, uint8_t bits, size_t align) {
   const DLTensor* t = (const DLTensor*)arg.v_handle;
@@ -257,7 +299,7 @@ static KILN_UNUSED int32_t kiln_host_tensor(void** data, const char* fn, int32_t
 /* Symbolic dimensions (docs/dynamic-shapes.md). Dimension `dim` of an argument is `got`:
    the first occurrence of a variable binds it (*first_index < 0), every later one must
    agree. */
-static KILN_UNUSED int32_t kiln_host_bind_dim(const char* fn, const char* dim, int64_t* value,
+KILN_HOST_FN KILN_UNUSED int32_t kiln_host_bind_dim(const char* fn, const char* dim, int64_t* value,
     int32_t* first_index, const char** first_param, int32_t index, const char* param,
     int64_t got) {
   if (*first_index < 0) {
@@ -275,7 +317,7 @@ static KILN_UNUSED int32_t kiln_host_bind_dim(const char* fn, const char* dim, i
 }
 
 /* A bound variable against its declared range (max < 0: no maximum). */
-static KILN_UNUSED int32_t kiln_host_dim_range(const char* fn, const char* dim, int64_t value,
+KILN_HOST_FN KILN_UNUSED int32_t kiln_host_dim_range(const char* fn, const char* dim, int64_t value,
     int64_t min, int64_t max) {
   if (value < min) {
     return kiln_host_fail("%s: dimension '%s' = %lld is below its minimum %lld", fn, dim,
@@ -290,8 +332,9 @@ static KILN_UNUSED int32_t kiln_host_dim_range(const char* fn, const char* dim, 
 
 /* Tensor argument `index` against the shape `want` its signature gives for the bound
    variables; the message shows `want_text` ("[batch, seq*2]"), else `want`. */
-static KILN_UNUSED int32_t kiln_host_shape_is(const char* fn, int32_t index, const char* param,
-    KilnValue arg, int32_t ndim, const int64_t* want, const char* want_text) {
+KILN_HOST_FN KILN_UNUSED int32_t kiln_host_shape_is(const char* fn, int32_t index,
+    const char* param, KilnValue arg, int32_t ndim, const int64_t* want,
+    const char* want_text) {
   const DLTensor* t = (const DLTensor*)arg.v_handle;
   char want_buf[256], got_text[256];
   int32_t d;
@@ -312,7 +355,7 @@ static KILN_UNUSED int32_t kiln_host_shape_is(const char* fn, int32_t index, con
 /* A size computed by kiln_dim.c's checked helpers (a tensor dimension of a signature):
    0 when `status` is clear and `value` is not negative, else the failure named by the
    dimension's text, with kiln.dim_expr's messages. */
-static KILN_UNUSED int32_t kiln_host_dim_ok(const char* fn, int32_t status, int64_t value,
+KILN_HOST_FN KILN_UNUSED int32_t kiln_host_dim_ok(const char* fn, int32_t status, int64_t value,
     const char* text) {
   if ((status & KILN_DIM_OVERFLOW) != 0) {
     return kiln_host_fail("%s: dimension '%s' overflows int64", fn, text);
@@ -329,8 +372,8 @@ static KILN_UNUSED int32_t kiln_host_dim_ok(const char* fn, int32_t status, int6
 /* A size the model divides by (a Reshape's -1) or a convolution's output image, computed
    into `status`: it must be positive; `why` names the node (docs/dynamic-shapes.md,
    "Zero sizes"). */
-static KILN_UNUSED int32_t kiln_host_dim_nonzero(const char* fn, int32_t status, int64_t value,
-    const char* text, const char* why) {
+KILN_HOST_FN KILN_UNUSED int32_t kiln_host_dim_nonzero(const char* fn, int32_t status,
+    int64_t value, const char* text, const char* why) {
   if (status != 0) {  /* an overflow or a zero divisor: named by the dimension's text */
     return kiln_host_dim_ok(fn, status, value, text);
   }
@@ -342,7 +385,7 @@ static KILN_UNUSED int32_t kiln_host_dim_nonzero(const char* fn, int32_t status,
 }
 
 /* An integer (or bool) scalar argument, range-checked against its dtype. */
-static KILN_UNUSED int32_t kiln_host_int(int64_t* out, const char* fn, int32_t index,
+KILN_HOST_FN KILN_UNUSED int32_t kiln_host_int(int64_t* out, const char* fn, int32_t index,
     const char* param, KilnValue arg, int32_t type_code, int64_t lo, int64_t hi,
     const char* dtype) {
   if (type_code != KILN_ARG_INT) {
@@ -358,7 +401,7 @@ static KILN_UNUSED int32_t kiln_host_int(int64_t* out, const char* fn, int32_t i
 }
 
 /* A float scalar argument; an integer is accepted too. */
-static KILN_UNUSED int32_t kiln_host_float(double* out, const char* fn, int32_t index,
+KILN_HOST_FN KILN_UNUSED int32_t kiln_host_float(double* out, const char* fn, int32_t index,
     const char* param, KilnValue arg, int32_t type_code) {
   if (type_code == KILN_ARG_FLOAT) {
     *out = arg.v_float64;
@@ -375,8 +418,8 @@ static KILN_UNUSED int32_t kiln_host_float(double* out, const char* fn, int32_t 
    caller's, a KILN_ARG_HANDLE to an int32_t after the function's own arguments, when
    the call has one more argument (NULL: none); else this flag, which is never set. */
 static int32_t kiln_host_never_terminated;
-static KILN_UNUSED int32_t kiln_host_terminate_flag(void** flag, const char* fn, int32_t index,
-    const KilnValue* args, const int32_t* type_codes, int32_t num_args) {
+KILN_HOST_FN KILN_UNUSED int32_t kiln_host_terminate_flag(void** flag, const char* fn,
+    int32_t index, const KilnValue* args, const int32_t* type_codes, int32_t num_args) {
   *flag = &kiln_host_never_terminated;
   if (num_args <= index) {
     return 0;
@@ -564,7 +607,7 @@ static KILN_UNUSED int32_t kiln_host_amx_asked(void) {
 }
 
 static int kiln_host_cpu_checked; /* 1 once the features were found */
-static KILN_UNUSED int kiln_host_cpu_ok(const char* fn) {
+KILN_HOST_FN KILN_UNUSED int kiln_host_cpu_ok(const char* fn) {
   char missing[256];
   int32_t count;
   if (__atomic_load_n(&kiln_host_cpu_checked, __ATOMIC_RELAXED)) {
@@ -588,37 +631,11 @@ static KILN_UNUSED int kiln_host_cpu_ok(const char* fn) {
   return 1;
 }
 #else
-static KILN_UNUSED int kiln_host_cpu_ok(const char* fn) {
+KILN_HOST_FN KILN_UNUSED int kiln_host_cpu_ok(const char* fn) {
   (void)fn;
   return 1;
 }
 #endif
-
-/* The message of a kernel's non-zero status (docs/codegen-c.md, "Error codes");
-   `workspace_bytes` is 0 when the failed allocation's size is not known. */
-#if defined(KILN_HOST_CHECK_MESSAGES)
-/* Messages of the kernels' failed checks by status code (0 where a code has none):
-   host.c defines the initializer from kiln.ir.kernel_errors. */
-static const char* const kiln_host_check_messages[] = KILN_HOST_CHECK_MESSAGES;
-#endif
-
-static KILN_UNUSED int32_t kiln_host_kernel_failed(const char* fn, int32_t status,
-    long long workspace_bytes) {
-  if (status == 1 && workspace_bytes > 0) {
-    kiln_host_fail("%s: out of memory allocating a workspace of %lld bytes", fn, workspace_bytes);
-  } else if (status == 1) {
-    kiln_host_fail("%s: out of memory allocating a workspace", fn);
-#if defined(KILN_HOST_CHECK_MESSAGES)
-  } else if (status > 1
-      && (size_t)status < sizeof kiln_host_check_messages / sizeof kiln_host_check_messages[0]
-      && kiln_host_check_messages[status] != 0) {
-    kiln_host_fail("%s: %s", fn, kiln_host_check_messages[status]);
-#endif
-  } else {
-    kiln_host_fail("%s: kernel failed with status %d", fn, (int)status);
-  }
-  return status;
-}
 
 /* ------------------------------------------------------- heap workspaces
    The kernels of a library built with a host.c take their heap buffers (the
@@ -1633,6 +1650,4 @@ KILN_EXPORT void KILN_PROFILE_RESET(void) {
 
 #endif /* KILN_HOST_PROFILE */
 
-#include "kiln_generate.c"
-
-#include "kiln_swap.c"
+#endif /* !KILN_HOST_MODEL_ONLY */
