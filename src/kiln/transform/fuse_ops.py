@@ -17,6 +17,11 @@ its first argument and read nowhere else: its kernel computes that chain as it
 reads each row (the attention's scale and mask before softmax, the residual
 add before layer_norm), and the group goes on growing past it as usual.
 
+A concat whose inputs lowering makes views of its output (kiln.transform.concat_views)
+heads no group: its copy disappears anyway, and the tail after it (DenseNet's BatchNorm
+and ReLU) reads the output in one loop, where a fused kernel has one loop per input
+(`partition-loops`), each compiled apart, over the same bytes.
+
 A group holds at most `max_group` ops (default `MAX_FUSED_OPS`): the fused
 kernel's expression nests one level per op, so the cap keeps every expression
 shallow however long the chain is (a 5,000-op elementwise chain becomes many
@@ -79,7 +84,7 @@ def _pattern(op: str) -> str | None:
 
 def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[Any, str],
                    max_group: int, isa: ISA) -> g.Function:
-    groups = _groups(fn.bindings, var_use_counts(fn), max_group)
+    groups = _groups(fn.bindings, var_use_counts(fn), max_group, _concat_pieces(fn))
     if not any(len(grp) > 1 for grp in groups):
         return fn
     bindings: list[g.Binding] = []
@@ -92,7 +97,7 @@ def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[A
 
 
 def _groups(bindings: tuple[g.Binding, ...], uses: Counter[g.Var],
-            max_group: int) -> list[list[g.Binding]]:
+            max_group: int, pieces: frozenset[int]) -> list[list[g.Binding]]:
     """Consecutive bindings cut into groups: an op call with a tensor result, then the
     elementwise/broadcast calls after it that read the group's values (`_extends`), cut
     back to the longest start whose inner values nothing outside reads (`_closed`)."""
@@ -101,7 +106,7 @@ def _groups(bindings: tuple[g.Binding, ...], uses: Counter[g.Var],
     while i < len(bindings):
         value = bindings[i].value
         if not (isinstance(value, g.Call) and isinstance(value.ret_type, TensorType)
-                and _pattern(value.op) is not None):
+                and _pattern(value.op) is not None) or _viewed_concat(value, pieces):
             groups.append([bindings[i]])
             i += 1
             continue
@@ -120,6 +125,35 @@ def _groups(bindings: tuple[g.Binding, ...], uses: Counter[g.Var],
         groups.append(grp)
         i += len(grp)
     return groups
+
+
+def _concat_pieces(fn: g.Function) -> frozenset[int]:
+    """id() of the values a concat of `fn` may take as views of its output
+    (kiln.transform.concat_views): computed by a call of `fn`, not one of its results."""
+    results = fn.result.fields if isinstance(fn.result, g.Tuple) else (fn.result,)
+    returned = {id(r) for r in results}
+    return frozenset(id(b.var) for b in fn.bindings
+                     if isinstance(b.value, g.Call) and id(b.var) not in returned)
+
+
+def _viewed_concat(call: g.Call, pieces: frozenset[int]) -> bool:
+    """Whether `call` is a concat whose inputs lowering lays out as views of its output
+    (kiln.transform.concat_views): a concat at batch 1 along an axis with only size-1
+    dimensions before it, of distinct `pieces`. It heads no group: its copy
+    disappears, and an elementwise tail (DenseNet's BatchNorm and ReLU) reads its output
+    as one run, one loop instead of one per input over the same bytes."""
+    if call.op != "concat" or not isinstance(call.ret_type, TensorType):
+        return False
+    shape = call.ret_type.shape
+    if not is_static(shape):
+        return False
+    axis = call.attrs.get("axis", 0)
+    if not isinstance(axis, int):
+        return False
+    axis = axis % len(shape) if shape else 0
+    args = [id(a) for a in call.args]
+    return (len(set(args)) == len(args) and all(a in pieces for a in args)
+            and all(d == 1 for d in shape[:axis]))
 
 
 def _extends(group: list[g.Binding], value: g.Expr) -> bool:
