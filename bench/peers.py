@@ -2,7 +2,7 @@
 
     PYTHONPATH=src:/path/to/openvino .venv/bin/python bench/peers.py
         [--models peers | NAME,...] [--seconds 12] [--repeat 40] [--threads 2]
-        [--torch-compile] [--precision f32 | bf16] [--write-docs]
+        [--torch-compile] [--precision f32 | bf16] [--cpu-time] [--write-docs]
 
 For each model of the set (`peers`: the small MLP, CNN and encoder, ResNet-18 and
 MobileNetV2 of bench/nets.py, the CNN zoo, BERT-base, GPT-2, ViT-B/16 of
@@ -26,14 +26,19 @@ batch 1, the same `.onnx` file runs on:
 Every runtime gets `--threads` threads (default 2). The timed calls alternate in blocks
 (harness.alternating_blocks: a pause between blocks, so no runtime's spinning threads
 slow another's); each ratio is the median over rounds of one round's ratio to
-onnxruntime (harness.paired_ratio). Beside each ratio: the relative L2 error of that
-runtime's first output against onnxruntime's. The second table gives each runtime's
-compile time (kiln's cold compile, onnxruntime's session creation, OpenVINO's
-`compile_model` from the file, torch.compile's first call), after one warm-up model
-that loads every runtime's libraries. OpenVINO and torch are optional: without them
-their columns say "absent"; a runtime that fails on a model says "failed" (the reason
-is printed). Prints the tables; `--write-docs` writes them into the `peers` block of
-docs/performance.md (`peers-bf16` with `--precision bf16`). Asserts nothing (this is not a test).
+onnxruntime (harness.paired_ratio). With `--cpu-time` the calls are timed by the
+process's CPU time (`time.process_time`, every thread's) instead of the wall clock: time
+spent descheduled by other jobs then counts for no runtime, so on a loaded host
+`--threads 1` compares the kernels alone, and with more threads a ratio above the wall
+clock's is CPU the runtime's threads spent waiting or spinning. Beside each ratio: the
+relative L2 error of that runtime's first output against onnxruntime's. The second table
+gives each runtime's compile time (kiln's cold compile, onnxruntime's session creation,
+OpenVINO's `compile_model` from the file, torch.compile's first call), after one warm-up
+model that loads every runtime's libraries. OpenVINO and torch are optional: without
+them their columns say "absent"; a runtime that fails on a model says "failed" (the
+reason is printed). Prints the tables; `--write-docs` writes them into the `peers` block
+of docs/performance.md (`peers-bf16` with `--precision bf16`). Asserts nothing (this is
+not a test).
 """
 
 from __future__ import annotations
@@ -215,7 +220,8 @@ def setups(runtimes: list[str], path: str, feed: dict[str, np.ndarray], module: 
 
 
 def measure(name: str, runtimes: list[str], target: kiln.target.Target, threads: int,
-            repeat: int, seconds: float) -> PeerResult:
+            repeat: int, seconds: float, clock: Callable[[], float] = time.perf_counter
+            ) -> PeerResult:
     """One model on every runtime: compile times, outputs, alternating-block timings."""
     result = PeerResult(name.removesuffix(INT8), int8=name.endswith(INT8))
     try:
@@ -245,7 +251,7 @@ def measure(name: str, runtimes: list[str], target: kiln.target.Target, threads:
     if "ort" not in calls:
         return result
     count = calls_within(calls, repeat, seconds)
-    blocks = alternating_blocks(calls, count, rounds=max(5, count // 2))
+    blocks = alternating_blocks(calls, count, rounds=max(5, count // 2), clock=clock)
     result.ort_ms = pooled_ms(blocks)["ort"]
     for runtime in calls:
         result.ratio[runtime] = paired_ratio(blocks[runtime], blocks["ort"])
@@ -280,9 +286,11 @@ def model_names(spec: str) -> list[str]:
     return names
 
 
-def print_tables(results: list[PeerResult], runtimes: list[str]) -> list[str]:
-    """Print the latency and compile tables; returns their Markdown lines."""
-    lines = ["Latency relative to onnxruntime (lower is faster) and, in brackets, the "
+def print_tables(results: list[PeerResult], runtimes: list[str], measure: str = "Latency"
+                 ) -> list[str]:
+    """Print the latency (or CPU time: `measure`) and compile tables; returns their
+    Markdown lines."""
+    lines = [f"{measure} relative to onnxruntime (lower is faster) and, in brackets, the "
              "relative L2 error of the first output against onnxruntime's:", "",
              *markdown_table(latency_header(runtimes),
                              [*(latency_row(r, runtimes) for r in results),
@@ -307,6 +315,9 @@ def main() -> None:
                         help="also time torch.compile where a torch module exists (slow)")
     parser.add_argument("--precision", choices=("f32", "bf16"), default="f32",
                         help="kiln's target attribute `precision` (bf16: AVX512-BF16 hosts)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time the calls by the process's CPU time (every thread's), "
+                             "not the wall clock")
     parser.add_argument("--write-docs", action="store_true",
                         help="write the tables into docs/performance.md (block 'peers', "
                              "'peers-bf16' with --precision bf16)")
@@ -320,17 +331,19 @@ def main() -> None:
         atexit.register(shutil.rmtree, inductor, True)
     print(f"target: {target.kind.name} {describe_target(target)}")
     print(ort_on_target_isa(target, "host"))
+    clock = time.process_time if args.cpu_time else time.perf_counter
     print(f"{versions()}; threads: {args.threads}; batch 1; median of up to "
-          f"{args.repeat} calls in {args.seconds:g} s, alternating blocks", flush=True)
+          f"{args.repeat} calls in {args.seconds:g} s, alternating blocks"
+          f"{', process CPU time' if args.cpu_time else ''}", flush=True)
     load_before = os.getloadavg()[0]
     measure("mlp", runtimes, target, args.threads, 3, 0.1)  # load every runtime's libraries
     results = []
     for name in names:
         results.append(measure(name, runtimes, target, args.threads, args.repeat,
-                               args.seconds))
+                               args.seconds, clock))
         print("  ".join(latency_row(results[-1], runtimes)), flush=True)
         gc.collect()
-    lines = print_tables(results, runtimes)
+    lines = print_tables(results, runtimes, "CPU time" if args.cpu_time else "Latency")
     if args.write_docs:
         command = " ".join(["bench/peers.py", *sys.argv[1:]])
         block = "peers" if args.precision == "f32" else f"peers-{args.precision}"
