@@ -1,9 +1,7 @@
 """The weight check in the background (kiln.runtime.weights): a thread started at load
-hashes the chunks, through mappings of its own (kiln.runtime.library_file: no page of
-the weights stays resident), a call waits only for the chunks left (hashing them
-itself), a damaged chunk never reaches a result, `close()` stops the thread before
-unmapping, a forked child finishes what the parent's thread had taken, and exit never
-waits."""
+hashes the chunks, a call waits only for the chunks left (hashing them itself), a
+damaged chunk never reaches a result, `close()` stops the thread before unmapping,
+a forked child finishes what the parent's thread had taken, and exit never waits."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ import kiln
 from kiln.ir import IRBuilder
 from kiln.ir import graph as g
 from kiln.runtime import load_module
-from kiln.runtime.library_file import LibraryFile
-from kiln.runtime.weights import ChunkCheck, WeightCheck
+from kiln.runtime.weights import ChunkCheck
 from support.processes import run_python
 
 ROWS, COLS = 3072, 1024  # 12 MiB of weights: three 4 MiB chunks
@@ -50,50 +47,14 @@ def no_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ChunkCheck, "start", lambda self, keep=None: None)
 
 
-def resident(address: int, length: int) -> int:
-    """Bytes of this process's pages in [address, address + length) that are mapped
-    (/proc/self/pagemap's present bit, readable without privileges)."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    first, last = address // page, (address + length - 1) // page
-    with open("/proc/self/pagemap", "rb") as f:
-        f.seek(first * 8)
-        words = np.frombuffer(f.read((last - first + 1) * 8), np.uint64)
-    return int((words >> np.uint64(63)).sum()) * page
-
-
 def test_the_background_thread_checks_everything(built):
     so, table = built
     with load_module(so) as lib:
         check = check_of(lib)
         check.join()
         assert check.done or not check._todo  # every chunk hashed, no call made
-        assert isinstance(check, WeightCheck) and check.spans
-        if os.path.exists("/proc/self/pagemap"):  # read from the file, not the library
-            address, length = check.spans[0][:2]
-            assert resident(address, length) < length // 4, "the check left pages mapped"
         np.testing.assert_array_equal(lib["main"](IDX), table[IDX])
         assert check.done and check.error is None
-
-
-def test_the_library_file_is_the_mapped_one(built, tmp_path):
-    """LibraryFile reads the bytes of the one private mapping holding the range, from
-    the file at the path only if it is that mapping's file (device and inode)."""
-    so, _table = built
-    st = os.stat(so)
-    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
-    maps = tmp_path / "maps"
-
-    def of(perms: str, inode: int, address: int, length: int) -> LibraryFile | None:
-        maps.write_text(f"7f0000000000-7f0000001000 r--p 00000000 {device} {inode} {so}\n"
-                        f"7f0000001000-7f0000400000 {perms} 00003000 {device} {inode} {so}\n")
-        return LibraryFile.of(so, address, length, maps=str(maps))
-
-    found = of("r--p", st.st_ino, 0x7F0000002000, 0x1000)
-    assert found is not None and found._delta == 0x7F0000001000 - 0x3000
-    assert of("r--p", st.st_ino + 1, 0x7F0000002000, 0x1000) is None  # another file now
-    assert of("r--s", st.st_ino, 0x7F0000002000, 0x1000) is None  # shared: not the loader's
-    assert of("r--p", st.st_ino, 0x7F00003FF000, 0x2000) is None  # runs past the mapping
-    assert of("r--p", st.st_ino, 0x7E0000000000, 0x1000) is None  # not mapped at all
 
 
 def test_a_call_hashes_the_chunks_left(built, monkeypatch):

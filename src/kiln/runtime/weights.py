@@ -42,11 +42,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kiln.artifact.integrity import DIGEST_SIZE, LANE64, LANE64_SIZE, chunk_count
+from kiln.artifact.integrity import DIGEST_SIZE, LANE64, chunk_count
 from kiln.errors import FormatError, UsageError
-from kiln.runtime import ctypes_abi
-from kiln.runtime.library_file import LibraryFile
-from kiln.runtime.weights_check import LaneRegion, lane_regions, record_digests
+from kiln.runtime.weights_check import LaneRegion, lane_regions
 
 if TYPE_CHECKING:
     from kiln.artifact.blob import BlobContents
@@ -304,24 +302,14 @@ class WeightCheck(ChunkCheck):
 
     With `lanes` (kiln.runtime.weights_check.lane_regions of the blob's
     `weights_check` record) each datum is checked through the library's
-    `{prefix}_check_weights`; otherwise against the blob's SHA-256s. With `file`
-    (the library's file, kiln.runtime.library_file) and a record that carries its
-    table, each chunk is hashed through a mapping of its own instead (`{prefix}_hash64`
-    against the record's `digests`), so that the check leaves no page of the weights
-    resident in the process: the kernels map only what they read.
+    `{prefix}_check_weights`; otherwise against the blob's SHA-256s.
     """
 
     def __init__(self, lib: LibraryModule, address: int, symbol_size: int,
-                 contents: BlobContents, lanes: list[LaneRegion] | None = None,
-                 file: LibraryFile | None = None) -> None:
+                 contents: BlobContents, lanes: list[LaneRegion] | None = None) -> None:
         super().__init__()
         items = list(contents.artifacts)
-        tables = record_digests(contents.metadata["weights_check"]) \
-            if lanes is not None and file is not None else None
-        hash64 = _hash_entry(lib) if tables is not None else None
-        self.file = file if hash64 is not None else None
-        by_name = {str(r.get("artifact")): (chunk, intact, tables[i] if tables else b"")
-                   for i, (r, chunk, intact) in enumerate(lanes or ())}
+        by_name = {str(r.get("artifact")): (chunk, intact) for r, chunk, intact in lanes or ()}
         self.where = str(lib.path)
         self.spans = []
         for d in contents.linked:
@@ -334,10 +322,7 @@ class WeightCheck(ChunkCheck):
             if lanes is not None and name not in by_name:
                 raise FormatError(f"{what} is missing from the blob's 'weights_check' record "
                                   "(damaged file)")
-            chunk, intact, table = by_name.get(name, (d.chunk_size, None, b""))
-            if self.file is not None and hash64 is not None:
-                intact = _file_chunks(self.file, hash64, address + d.offset, d.length, chunk,
-                                      table)
+            chunk, intact = by_name.get(name, (d.chunk_size, None))
             self.spans.append((address + d.offset, d.length, chunk, d.digests, what, intact))
         self.done = not self.spans
 
@@ -346,32 +331,6 @@ class WeightCheck(ChunkCheck):
         return [Region(memoryview((ctypes.c_uint8 * length).from_address(address)).cast("B"),
                        digests, chunk, what, intact)
                 for address, length, chunk, digests, what, intact in self.spans]
-
-    def _finish(self) -> None:
-        super()._finish()
-        if self.file is not None:
-            self.file.close()
-
-
-def _hash_entry(lib: LibraryModule) -> Callable[[int, int], int] | None:
-    """The library's `{prefix}_hash64` (None if it has none: the check reads in place)."""
-    try:
-        fn: Callable[[int, int], int] = ctypes_abi.bind(lib.cdll, f"{lib.prefix}_hash64",
-                                                        "hash64")
-    except AttributeError:
-        return None
-    return fn
-
-
-def _file_chunks(file: LibraryFile, hash64: Callable[[int, int], int], address: int,
-                 length: int, chunk: int, table: bytes) -> Callable[[int], bool]:
-    """Whether chunk k of the bytes mapped at [address, address + length) is intact,
-    hashed from `file` against its 8 little-endian bytes in `table`."""
-    def intact(k: int) -> bool:
-        start = k * chunk
-        got = file.hash(hash64, address + start, min(chunk, length - start))
-        return got.to_bytes(LANE64_SIZE, "little") == table[k * LANE64_SIZE:(k + 1) * LANE64_SIZE]
-    return intact
 
 
 class RegionsCheck(ChunkCheck):
@@ -431,8 +390,7 @@ def check_weights(lib: LibraryModule, address: int, symbol_size: int,
     if verify_mode(mode) is False or not contents.linked:
         return
     lanes = lane_record(lib, contents.metadata)
-    file = LibraryFile.of(lib.path, address, symbol_size) if lanes is not None else None
-    arm_check(lib, WeightCheck(lib, address, symbol_size, contents, lanes, file), mode, keep=lib)
+    arm_check(lib, WeightCheck(lib, address, symbol_size, contents, lanes), mode, keep=lib)
 
 
 def arm_check(lib: LibraryModule, check: CheckOnce, mode: bool | str | None, *,

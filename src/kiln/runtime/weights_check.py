@@ -10,19 +10,14 @@ phase)` (the table follows a swap: the chunks it rewrote that were intact before
 their new hashes; the library's own C swap calls its hidden twin
 `{prefix}_check_rewritten`, kiln_swap_run.c; the numpy swap, kiln.runtime.swap, this).
 The blob's metadata gets `weights_check` (docs/format.md "The weights check record"):
-the hash's name, the chunk size, the chunk count, the regions in table order and the
-table itself (`digests`, hex).
+the hash's name, the chunk size, the chunk count and the regions in table order.
 
 Load (`lane_regions`): the loader checks chunk by chunk through
 `{prefix}_check_weights`, from the background thread and the waiting call
 (kiln.runtime.weights.ChunkCheck; ctypes releases the GIL, so both hash at once).
-The embedded weights of a library whose record carries the table are hashed
-instead through short-lived mappings of the library's file (`{prefix}_hash64`,
-kiln.runtime.library_file), against the record's `digests` (`record_digests`): the
-check then leaves no page resident in the process. A library without the record
-(exported before it) is checked against the SHA-256s as before. The SHA-256s stay
-the weights' content hash (cache keys, the weights file's identity); this hash only
-finds damage.
+A library without the record (exported before it) is checked against the SHA-256s
+as before. The SHA-256s stay the weights' content hash (cache keys, the weights
+file's identity); this hash only finds damage.
 """
 
 from __future__ import annotations
@@ -84,7 +79,6 @@ def check_artifact(data: Sequence[Artifact], prefix: str
                           {"exports": check_symbols(prefix)[1:]})]
     entry = {"hash": LANE64, "chunk_size": CHUNK_SIZE, "chunks": len(words),
              "check_symbol": f"{prefix}_check_weights",
-             "digests": b"".join(digests).hex(),
              "regions": [{"artifact": f"{a.codegen_id}/{a.file_name}", "symbol": s,
                           "size": a.size} for s, a in zip(symbols, data)]}
     return artifacts, entry
@@ -123,26 +117,6 @@ def lane_regions(cdll: Any, entry: Any, where: str) -> list[LaneRegion] | None:
     return out
 
 
-def record_digests(entry: Mapping[str, Any]) -> list[bytes] | None:
-    """Per region of a `weights_check` record (lane_regions has checked it), the
-    kiln.lane64 of its chunks, 8 little-endian bytes each: the record's `digests`, the
-    table `kiln_check.c` holds; None for a record without them (exported before them)
-    or with a `digests` that does not fit its chunks."""
-    text = entry.get("digests")
-    if not isinstance(text, str) or len(text) != 2 * LANE64_SIZE * entry["chunks"]:
-        return None
-    try:
-        table = bytes.fromhex(text)
-    except ValueError:
-        return None
-    out, first = [], 0
-    for r in entry["regions"]:
-        count = chunk_count(int(r["size"]), entry["chunk_size"])
-        out.append(table[first * LANE64_SIZE:(first + count) * LANE64_SIZE])
-        first += count
-    return out
-
-
 def _chunk_checker(check: Any, first: int) -> Callable[[int], bool]:
     def intact(k: int) -> bool:
         return bool(check(first + k, 1) == -1)
@@ -150,4 +124,4 @@ def _chunk_checker(check: Any, first: int) -> Callable[[int], bool]:
 
 
 __all__ = ["CHECK_EXPORTS", "LaneRegion", "check_artifact", "check_symbols", "lane_regions",
-           "record_digests", "rewritten_symbol"]
+           "rewritten_symbol"]
