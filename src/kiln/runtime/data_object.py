@@ -39,8 +39,10 @@ EM_AARCH64 = 183
 # large (smaps `FilePmdMapped`). Machines not listed get no extra alignment.
 LARGE_PAGE_BYTES = {EM_X86_64: 2 << 20, EM_AARCH64: 2 << 20}
 STB_GLOBAL, STT_OBJECT = 1, 1
-_FILE_ALIGN_MAX = 4096
 STV_DEFAULT, STV_HIDDEN = 0, 2
+# The most a section's data is aligned to within the object file (its address in the
+# link keeps the section's full alignment).
+_FILE_ALIGN_MAX = 4096
 
 
 @dataclass(frozen=True)
