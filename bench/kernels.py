@@ -57,7 +57,8 @@ path on a VNNI host (onnxruntime still runs its VNNI kernels there), and
 `-mattr=-avx512vnni,-avxvnni` its AVX-512BW one. `--nbits`: the 4-bit GEMVs of a decode
 step (MatMulNBits, one row of A) in GB/s and as a share of the measured memory bandwidth
 (bench/nbits_gemv.py; `--from-memory`: each node repeated so its weights come from
-memory, as in a decode step). `--threads 1` times each runtime on one
+memory, as in a decode step); `--fp32` the float32 GEMVs the same way, always from
+memory (bench/fp32_gemv.py). `--threads 1` times each runtime on one
 thread by its CPU time (also with `--int8`), and the table prints milliseconds per call.
 """
 
@@ -75,6 +76,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from doc_table import machine_line, markdown_table, write_block
+from fp32_gemv import print_fp32
 from harness import (
     alternating_blocks_ms,
     calls_within,
@@ -555,6 +557,10 @@ def main() -> None:
                         help="the 4-bit GEMVs of a decode step (MatMulNBits, M = 1) against "
                              "onnxruntime, in GB/s and as a share of the measured memory "
                              "bandwidth (bench/nbits_gemv.py)")
+    parser.add_argument("--fp32", action="store_true",
+                        help="the float32 GEMVs of a decode step (one row of A, weights from "
+                             "memory) against onnxruntime, in GB/s and as a share of the "
+                             "measured read bandwidth (bench/fp32_gemv.py)")
     parser.add_argument("--from-memory", action="store_true",
                         help="with --nbits: each node repeated over 160+ MiB of weights, so "
                              "every call reads them from memory, as a decode step does")
@@ -575,6 +581,11 @@ def main() -> None:
         os.environ["KILN_NUM_THREADS"] = "1"
     target = kiln.target.Target.from_host() if args.target is None else kiln.target.Target(
         args.target)
+    if args.fp32:
+        print(f"target: {target.kind.name} {describe_target(target)}; threads: {args.threads}")
+        os.environ.setdefault("KILN_NUM_THREADS", str(args.threads))
+        print_fp32(target, args.repeat, args.seconds, args.threads)
+        return
     if args.nbits:
         print(f"target: {target.kind.name} {describe_target(target)}; threads: {args.threads}")
         os.environ.setdefault("KILN_NUM_THREADS", str(args.threads))

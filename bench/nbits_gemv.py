@@ -100,7 +100,7 @@ def nbits_model(k: int, n: int, accuracy_level: int, rng: np.random.Generator,
     return model, b.nbytes + scales.nbytes
 
 
-def _ort(model: onnx.ModelProto, threads: int) -> Callable[[dict[str, np.ndarray]], object]:
+def ort_session(model: onnx.ModelProto, threads: int) -> Callable[[dict[str, np.ndarray]], object]:
     import onnxruntime as ort  # heavy: only when the benchmark runs
 
     options = ort.SessionOptions()
@@ -153,11 +153,11 @@ def _row(k: int, n: int, target: kiln.target.Target, repeat: int, seconds: float
     fn4 = kiln.compile(from_onnx(model4), target)["main"]
     x = np.random.default_rng(k).standard_normal((1, k)).astype(np.float32)
     feed = {"x": x}
-    ort0 = _ort(model, threads)
-    ort4 = _ort(model4, threads)
+    ort0 = ort_session(model, threads)
+    ort4 = ort_session(model4, threads)
     # kiln's level 4 quantizes A as onnxruntime's: the same sums up to their order
     err = max(float(np.abs(np.asarray(a) - b).max())
-              for a, b in zip(_outputs(fn4(x)), ort4(feed), strict=True))
+              for a, b in zip(kiln_outputs(fn4(x)), ort4(feed), strict=True))
     fns = {**stream, "kiln": lambda: fn(x), "kiln4": lambda: fn4(x),
            "ort": lambda: ort0(feed), "ort4": lambda: ort4(feed)}
     # one thread: the calling thread's CPU time (a loaded machine's waits not counted)
@@ -179,6 +179,6 @@ def _row(k: int, n: int, target: kiln.target.Target, repeat: int, seconds: float
             f"{ms['kiln'] / ms['ort']:>8.2f} {ms['kiln4'] / ms['ort4']:>10.2f} {err:>8.1e}")
 
 
-def _outputs(result: object) -> list[np.ndarray]:
+def kiln_outputs(result: object) -> list[np.ndarray]:
     """A kiln call's outputs as a list (one output comes back bare)."""
     return list(result) if isinstance(result, (list, tuple)) else [np.asarray(result)]

@@ -11,7 +11,7 @@ import pytest
 
 from kiln.artifact import Artifact, ArtifactSet, archive, integrity
 from kiln.artifact.integrity import chunk_digests, lane64_digests, stream_digests
-from kiln.artifact.segments import Segments
+from kiln.artifact.segments import Segments, write_content_in_blocks
 
 RNG = np.random.default_rng(7)
 DATA = RNG.integers(0, 256, 10_000, dtype=np.uint8).tobytes()
@@ -65,3 +65,32 @@ def test_a_segmented_artifact_round_trips_through_the_archive(tmp_path: Path) ->
     archive.write_tar(path, arts, {})
     back, _ = archive.read_tar(path)
     assert back.get("c", "w.bin").content == DATA
+
+
+class _Recorder:
+    """A binary file that records where each write() call starts and how long it is."""
+
+    def __init__(self, start: int) -> None:
+        self.pos, self.data, self.calls = start, bytearray(), []
+
+    def tell(self) -> int:
+        return self.pos
+
+    def write(self, part: bytes | memoryview) -> int:
+        self.calls.append((self.pos, len(part)))
+        self.data += part
+        self.pos += len(part)
+        return len(part)
+
+
+@pytest.mark.parametrize("start,cuts", [(0, []), (100, [1, 2, 3000, 3001]),
+                                        (1024, [5000]), (999, [1024, 2048, 9999])])
+def test_writes_in_blocks_cover_whole_aligned_windows(start: int, cuts: list[int]) -> None:
+    """Every write but the first and last spans whole 1 KiB-aligned windows, whatever the
+    pieces: the page cache then holds the data in window-sized folios."""
+    f = _Recorder(start)
+    write_content_in_blocks(f, _split(DATA, cuts), 1024)  # type: ignore[arg-type]
+    assert bytes(f.data) == DATA
+    ends = [pos + n for pos, n in f.calls]
+    assert all(pos % 1024 == 0 for pos, _n in f.calls[1:])
+    assert all(end % 1024 == 0 for end in ends[:-1])

@@ -7,12 +7,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import kiln
 from kiln.artifact import ArtifactSet
 from kiln.artifact.elf import read_blob
 from kiln.ir import IRBuilder
 from kiln.ir import graph as g
+from kiln.runtime import library
+from kiln.runtime.data_object import LARGE_PAGE_BYTES, machine_of
 from kiln.runtime.library import blob_object
 
 
@@ -65,11 +68,14 @@ def test_direct_object_matches_the_assembler_one(tmp_path: Path) -> None:
     assert np.arange(3000, dtype=np.float32).tobytes() in data
 
 
-def test_weights_reach_the_disk_once(tmp_path: Path) -> None:
+def test_weights_reach_the_disk_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A .so's object only reserves the weights (NOBITS); they are written into the
-    linked library, where they sit right after the blob, equal to the artifact."""
+    linked library, where they sit right after the blob, equal to the artifact, on a
+    large-page boundary of address and file offset alike (the threshold lowered), and
+    the loader advises large pages on them."""
     n = 1 << 20
     ex = _executable(n)
+    monkeypatch.setattr(library, "LARGE_PAGE_DATA_BYTES", 0)
     work = tmp_path / "work"
     lib = ex.export_library(tmp_path / "m.so", workspace_dir=work)
     consts = next(a for a in ex.artifacts if a.file_name == "constants.bin")
@@ -89,9 +95,30 @@ def test_weights_reach_the_disk_once(tmp_path: Path) -> None:
     start = symbols["kiln__consts"] - addr + offset
     assert Path(lib).read_bytes()[start:start + consts.size] == bytes(consts.content)
     assert len(read_blob(lib)) > 0
-    out = subprocess.run(
-        [sys.executable, "-c", "import sys, numpy as np, kiln; m = kiln.runtime.load_module("
-         "sys.argv[1], verify_weights=True); y = m['main'](np.ones(int(sys.argv[2]), "
-         "np.float32)); print(float(y[0]), float(y[-1]))", str(lib), str(n)],
-        capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["1.0", f"{float(n)}"]
+    large_page = LARGE_PAGE_BYTES.get(machine_of(work / "blob.o").machine, 1)  # type: ignore[union-attr]
+    assert symbols["kiln__consts"] % large_page == 0 and (addr - offset) % large_page == 0
+    out = subprocess.run([sys.executable, "-c", _LOAD_AND_RUN, str(lib), str(n)],
+                         capture_output=True, text=True, check=True)
+    advised = Path("/sys/kernel/mm/transparent_hugepage/enabled").exists()
+    assert out.stdout.split() == ["1.0", f"{float(n)}", str(advised)]
+
+
+# Loads the library, runs it on ones, and says whether the mapping holding the last byte
+# of the weights carries the large-page advice (smaps VmFlags "hg").
+_LOAD_AND_RUN = """
+import ctypes, sys, numpy as np, kiln
+from kiln.runtime.dynsym import find_blob_symbol
+m = kiln.runtime.load_module(sys.argv[1], verify_weights=True)
+y = m['main'](np.ones(int(sys.argv[2]), np.float32))
+last = (ctypes.addressof(ctypes.c_uint8.in_dll(m.cdll, 'kiln__blob'))
+        + find_blob_symbol(sys.argv[1]).size - 1)
+mine = hg = False
+for line in open('/proc/self/smaps'):
+    head = line.split()[0]
+    if '-' in head and not head.endswith(':'):
+        lo, hi = (int(v, 16) for v in head.split('-'))
+        mine = lo <= last < hi
+    elif mine and head == 'VmFlags:':
+        hg = 'hg' in line.split()
+print(float(y[0]), float(y[-1]), hg)
+"""

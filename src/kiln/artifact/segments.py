@@ -133,4 +133,41 @@ def write_content(f: IO[bytes], content: Content) -> None:
         f.write(part)
 
 
-__all__ = ["Content", "Segments", "content_parts", "write_content"]
+def write_content_in_blocks(f: IO[bytes], content: Content, block: int) -> None:
+    """`write_content`, but every write() call (the first and last aside) covers whole
+    `block`-aligned windows of the file, `block` a power of two.
+
+    A filesystem with large folios (ext4, xfs) caches a buffered write in folios no larger
+    than the aligned window the call covers: writing the weights this way leaves them in
+    the page cache as `block`-sized folios, which a mapping aligned the same can map with
+    large-page entries. Pieces smaller than a window are gathered into one (a copy of at
+    most `block` bytes at a time); whole windows are written from the content's memory.
+    A short write (an unbuffered file) is continued.
+    """
+    pos = f.tell()
+    pending = bytearray()
+    for view in _flat(content_parts(content)):
+        while len(view):
+            if not pending and pos % block == 0 and len(view) >= block:
+                whole = len(view) // block * block
+                _write_all(f, view[:whole])
+                pos, view = pos + whole, view[whole:]
+                continue
+            take = min(block - (pos + len(pending)) % block, len(view))
+            pending += view[:take]
+            view = view[take:]
+            if (pos + len(pending)) % block == 0:
+                _write_all(f, pending)
+                pos += len(pending)
+                pending.clear()
+    if pending:
+        _write_all(f, pending)
+
+
+def _write_all(f: IO[bytes], data: bytearray | memoryview) -> None:
+    view = memoryview(data)  # gone on return: `data` may be resized again
+    while len(view):
+        view = view[f.write(view):]
+
+
+__all__ = ["Content", "Segments", "content_parts", "write_content", "write_content_in_blocks"]

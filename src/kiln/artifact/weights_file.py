@@ -48,7 +48,7 @@ from kiln.artifact.integrity import (
     chunk_count,
     tree_digest,
 )
-from kiln.artifact.segments import Content, content_parts
+from kiln.artifact.segments import Content, write_content_in_blocks
 from kiln.errors import FormatError
 
 MAGIC = b"KILNWTS\0"
@@ -179,35 +179,10 @@ def write_weights(path: str | os.PathLike[str],
 
 
 def _write_blocks(f: Any, content: Content) -> None:
-    """Write `content` at `f`'s (HUGE_ALIGN-aligned) position in whole HUGE_ALIGN blocks:
-    small pieces are gathered in one bounded buffer, a long piece is written in place
-    (the page cache then allocates 2 MiB folios, see HUGE_ALIGN)."""
+    """Write `content` at `f`'s (HUGE_ALIGN-aligned) position in whole HUGE_ALIGN blocks
+    (the page cache then allocates 2 MiB folios, see HUGE_ALIGN), straight to the file."""
     f.flush()
-    raw = f.raw if hasattr(f, "raw") else f
-    block = bytearray(HUGE_ALIGN)
-    fill = 0
-    for part in content_parts(content):
-        view = memoryview(part).cast("B")
-        while len(view):
-            if fill == 0 and len(view) >= HUGE_ALIGN:
-                whole = len(view) // HUGE_ALIGN * HUGE_ALIGN
-                _write_all(raw, view[:whole])
-                view = view[whole:]
-                continue
-            take = min(len(view), HUGE_ALIGN - fill)
-            block[fill:fill + take] = view[:take]
-            fill += take
-            view = view[take:]
-            if fill == HUGE_ALIGN:
-                _write_all(raw, memoryview(block))
-                fill = 0
-    if fill:
-        _write_all(raw, memoryview(block)[:fill])
-
-
-def _write_all(raw: Any, view: memoryview) -> None:
-    while len(view):
-        view = view[raw.write(view):]
+    write_content_in_blocks(f.raw if hasattr(f, "raw") else f, content, HUGE_ALIGN)
 
 
 def read_header(fd: int, where: str) -> WeightsHeader:

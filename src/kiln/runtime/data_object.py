@@ -32,8 +32,17 @@ SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB, SHT_NOBITS = 1, 2, 3, 8
 SHF_ALLOC = 0x2
 SHF_X86_64_LARGE = 0x10000000  # x86-64 psABI: data beyond the small code model's reach
 EM_X86_64 = 62
+EM_AARCH64 = 183
+# The page a page-table entry one level up maps (x86-64's 2 MiB PMD page; AArch64's with
+# its usual 4 KiB granule): a file mapping whose virtual address and file offset both sit
+# on this boundary can be mapped with such entries, where the page cache holds folios that
+# large (smaps `FilePmdMapped`). Machines not listed get no extra alignment.
+LARGE_PAGE_BYTES = {EM_X86_64: 2 << 20, EM_AARCH64: 2 << 20}
 STB_GLOBAL, STT_OBJECT = 1, 1
 STV_DEFAULT, STV_HIDDEN = 0, 2
+# The most a section's data is aligned to within the object file (its address in the
+# link keeps the section's full alignment).
+_FILE_ALIGN_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -120,7 +129,10 @@ def write_data_object(path: Path, machine: Machine, section: str, align: int,
         symtab += _SYM.pack(name_off, (STB_GLOBAL << 4) | STT_OBJECT,
                             STV_HIDDEN if sym.hidden else STV_DEFAULT, shndx, value, sym.size)
 
-    data_off = -(-_EHDR.size // align) * align
+    # The alignment binds the section's address in the link, not its offset in this file:
+    # a large page's worth of zeros before the data would only grow the object.
+    file_align = min(align, _FILE_ALIGN_MAX)
+    data_off = -(-_EHDR.size // file_align) * file_align
     symtab_off = -(-(data_off + split) // 8) * 8
     strtab_off = symtab_off + len(symtab)
     shstrtab_off = strtab_off + len(strtab)
@@ -159,4 +171,4 @@ def write_data_object(path: Path, machine: Machine, section: str, align: int,
         f.write(b"".join(headers))
 
 
-__all__ = ["DataSymbol", "Machine", "machine_of", "write_data_object"]
+__all__ = ["LARGE_PAGE_BYTES", "DataSymbol", "Machine", "machine_of", "write_data_object"]

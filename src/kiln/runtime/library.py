@@ -43,11 +43,17 @@ from kiln.artifact.artifact import (
 from kiln.artifact.blob import build_contents, pack, place_linked
 from kiln.artifact.elf import SHT_SYMTAB, find_blob_symbol, read_symbols
 from kiln.artifact.integrity import CHUNK_SIZE, DIGEST_SIZE, chunk_count, chunk_digests
-from kiln.artifact.segments import Content, write_content
+from kiln.artifact.segments import Content, write_content, write_content_in_blocks
 from kiln.errors import ArgumentTypeError, CompileError, ExportError, UsageError
 from kiln.escape import c_comment, is_c_identifier
 from kiln.runtime import native
-from kiln.runtime.data_object import EM_X86_64, DataSymbol, machine_of, write_data_object
+from kiln.runtime.data_object import (
+    EM_X86_64,
+    LARGE_PAGE_BYTES,
+    DataSymbol,
+    machine_of,
+    write_data_object,
+)
 from kiln.runtime.external_weights import (
     SHARE_CHUNK,
     WEIGHTS_MODES,
@@ -62,6 +68,12 @@ from kiln.runtime.weights_check import check_artifact, check_symbols
 SUFFIXES = {".so": "shared library", ".tar": "artifact archive",
             ".a": "static library + header"}
 BLOB_ALIGN = 16
+# Linked data at least this large (the weights of a model worth streaming) starts on the
+# machine's large page (data_object.LARGE_PAGE_BYTES), so does its section, and the linker
+# keeps the file offset congruent to the address: the kernel can map the weights with 2 MiB
+# entries instead of 4 KiB ones (fewer TLB misses while a decode step streams them all).
+# Tests lower it to take the path on a small model.
+LARGE_PAGE_DATA_BYTES = 16 << 20
 
 FCompile = Callable[[Path, list[Path], Sequence[str]], None]
 
@@ -304,12 +316,14 @@ def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, wor
                                "is not a power of two")
         align = max(align, a_align)
         data.append((i, art))
+    machine = next((m for o in like if (m := machine_of(o)) is not None), None)
+    if machine is not None and sum(a.size for _i, a in data) >= LARGE_PAGE_DATA_BYTES:
+        align = max(align, LARGE_PAGE_BYTES.get(machine.machine, align))
     contents, end = place_linked(
         contents, [(i, a.size, *_digests(a)) for i, a in data], align)
     packed = pack(contents)
     name = f"{prefix}_blob"
     end = max(end, len(packed))
-    machine = next((m for o in like if (m := machine_of(o)) is not None), None)
     if machine is not None:
         obj = work / "blob.o"
         symbols = [DataSymbol(name, 0, end, hidden=False)]
@@ -368,6 +382,7 @@ def fill_linked_data(library: Path, prefix: str, deferred: Sequence[LinkedData])
     addresses where the library keeps its symbol table)."""
 
     path = os.fspath(library)
+    block = _host_large_page()
     with open(library, "r+b") as f:
         sym = find_blob_symbol(f, path, prefix=prefix)
         table = {s.name: s.value for s in read_symbols(f.fileno(), path, (SHT_SYMTAB,)).symbols}
@@ -382,7 +397,18 @@ def fill_linked_data(library: Path, prefix: str, deferred: Sequence[LinkedData])
                                   f"{item.offset} bytes after '{sym.name}' in section "
                                   f"{sym.section}; cannot write the linked data")
             f.seek(start)
-            write_content(f, item.content)
+            write_content_in_blocks(f, item.content, block)
+
+
+def _host_large_page() -> int:
+    """The size of this host's large (PMD) page, which `fill_linked_data` writes in so
+    the page cache keeps the weights in folios that large; 2 MiB where the kernel does
+    not say (no transparent huge pages, not Linux)."""
+    try:
+        size = int(Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").read_text())
+    except (OSError, ValueError):
+        return 2 << 20
+    return size if size > 0 and not size & (size - 1) else 2 << 20
 
 
 # Make the link fail (instead of the later dlopen) when a listed ABI symbol is

@@ -44,6 +44,7 @@ from kiln.runtime.library import export_library
 from kiln.runtime.loaders import LoadContext, run_loader
 from kiln.runtime.memory_library import memory_file
 from kiln.runtime.module import HostModule, LibraryModule, Module
+from kiln.runtime.page_advice import advise_large_pages
 from kiln.runtime.shared_constants import BorrowingCheck, attach_table
 from kiln.runtime.weights import CheckOnce, arm_check, check_weights
 
@@ -223,6 +224,7 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
         _check_cpu_features(root, contents, path)
         _build_tree(root, contents)
         address = ctypes.addressof(ctypes.c_uint8.in_dll(root.cdll, symbol))
+        advise_large_pages(address, found.size)  # before the check's first reads
         check_weights(root, address, found.size, contents, verify_weights)
         if "weights" in contents.metadata:  # exported with weights="external"
             root.weights = attach(root, contents.metadata["weights"], weights)
