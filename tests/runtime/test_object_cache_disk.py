@@ -1,11 +1,15 @@
 """The object cache on disk (kiln.runtime.object_cache): a new process finds the objects
-an earlier one compiled, a damaged file is compiled again, and KILN_CACHE=0 keeps
-nothing on disk."""
+an earlier one compiled, from another working directory too (each child runs in its
+own), a damaged file is compiled again, and KILN_CACHE=0 keeps nothing on disk."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
+
+from kiln.runtime.object_cache import object_key
 from support.processes import run_python
 
 # Compiles one C file through compile_native as an export does; prints what ran the
@@ -29,7 +33,7 @@ print("compiled" if any(w.startswith("compiling") for w in ran) else "reused")
 def _child(tmp_path: Path, cache: Path, tag: str, **env: str) -> str:
     out = tmp_path / tag
     out.mkdir()
-    proc = run_python(CHILD, str(out), env={"KILN_CACHE_DIR": str(cache), **env})
+    proc = run_python(CHILD, str(out), env={"KILN_CACHE_DIR": str(cache), **env}, cwd=out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip()
 
@@ -52,3 +56,17 @@ def test_kiln_cache_off_keeps_nothing_on_disk(tmp_path: Path) -> None:
     assert _child(tmp_path, cache, "off1", KILN_CACHE="0") == "compiled"
     assert _child(tmp_path, cache, "off2", KILN_CACHE="0") == "compiled"
     assert not (cache / "objects").exists()
+
+
+@pytest.mark.parametrize(("flag", "same"), [("-O2", True), ("-g", False), ("--coverage", False)])
+def test_the_working_directory_keys_only_compiles_that_record_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: str, same: bool) -> None:
+    """Debug and coverage data hold the compiler's working directory, other objects do
+    not: only their keys change with it."""
+    command = ["cc", "-c", flag, "-o", "/a/p.c.o", "/a/p.c"]
+    keys = []
+    for where in ("one", "two"):
+        (tmp_path / where).mkdir()
+        monkeypatch.chdir(tmp_path / where)
+        keys.append(object_key(command, b"int x;\n", "/a/p.c", "/a/p.c.o"))
+    assert (keys[0] == keys[1]) is same, os.getcwd()

@@ -6,14 +6,16 @@ again, and loading a Model Library Format archive again (kiln.runtime.mlf) would
 build the same sources. `compile_native` and the MLF loader ask here first. The
 key is a SHA-256 over the compiler (its resolved path, size and mtime), the full
 command with the output and source paths replaced by the source's file name (what
-the compiler records of it), the working directory (debug information records
-it), the environment variables GCC reads for its search paths and timestamps,
-and the source bytes (for an archive, also every file its compiles may include).
+the compiler records of it), the working directory where a flag asks for debug or
+coverage data (which record it; without one, the same compile from another directory
+writes the same bytes, so a CLI build or a fresh process elsewhere reuses the object),
+the environment variables GCC reads for its search paths and timestamps, and the
+source bytes (for an archive, also every file its compiles may include).
 The objects are kept in memory, least recently used first out beyond `MAX_BYTES`, and
 on disk under the key (`$KILN_CACHE_DIR/objects`, else `~/.cache/kiln/objects`; off
 with `KILN_CACHE=0`, as the compile cache), so a new process finds them too: the C
-every library carries beside its model (host.c's prelude, the weights check, the swap
-interpreter) and a model's host.c built again from the compile cache. Each file holds a magic, the
+every library carries beside its model (the weights check, the swap interpreter) and a
+model's host.c built again from the compile cache. Each file holds a magic, the
 SHA-256 of the object and the object: one that does not match is ignored.
 
 A compile may also be started ahead (`start`): the llvm codegen starts host.c's while
@@ -28,28 +30,25 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
-
-
-class Folder(Protocol):
-    """What a started compile writes in: removed (`cleanup`) when it is done."""
-
-    def cleanup(self) -> None: ...
 
 MAX_BYTES = 64 << 20
 # What GCC reads from the environment that can change an object.
 _ENVIRONMENT = ("CPATH", "C_INCLUDE_PATH", "COMPILER_PATH", "GCC_EXEC_PREFIX",
                 "SOURCE_DATE_EPOCH", "GCC_COMPARE_DEBUG")
+# Flags whose output records the working directory (DWARF's comp_dir, the paths of
+# coverage and profile data); an object compiled without any of them does not.
+_RECORDS_CWD = ("-g", "--coverage", "-fprofile", "-ftest-coverage")
 
 _objects: OrderedDict[str, bytes] = OrderedDict()
 _size = 0
 _lock = threading.Lock()
 # Compiles started ahead: key -> (the compiler, the object it writes, its directory)
-_pending: dict[str, tuple[subprocess.Popen[bytes], Path, Folder]] = {}
+_pending: dict[str, tuple[subprocess.Popen[bytes], Path, tempfile.TemporaryDirectory[str]]] = {}
 
 
 def _compiler_identity(program: str) -> str:
@@ -71,8 +70,9 @@ def object_key(command: Sequence[str], source: bytes, source_path: str, object_p
     args = [name if a in (source_path, object_path) else a for a in command[1:]]
     for i, root in enumerate(roots):
         args = [a.replace(root, f"<root {i}>") for a in args]
+    cwd = [os.getcwd()] if any(a.startswith(_RECORDS_CWD) for a in args) else []
     h = hashlib.sha256()
-    for part in (_compiler_identity(command[0]), *args, os.getcwd(),
+    for part in (_compiler_identity(command[0]), *args, *cwd,
                  *(f"{v}={os.environ.get(v, '')}" for v in _ENVIRONMENT)):
         h.update(part.encode("utf-8", "surrogateescape") + b"\0")
     h.update(source)
@@ -107,7 +107,7 @@ def started(key: str) -> bool:
 
 
 def start(key: str, process: subprocess.Popen[bytes], obj: Path,
-          folder: Folder) -> None:
+          folder: tempfile.TemporaryDirectory[str]) -> None:
     """Remember the compile `process`, writing `obj` (in `folder`, removed when it is
     done), as the object of `key`; compiles started before and done are collected."""
     with _lock:
@@ -119,7 +119,7 @@ def start(key: str, process: subprocess.Popen[bytes], obj: Path,
 
 
 def _finish(key: str, process: subprocess.Popen[bytes], obj: Path,
-            folder: Folder) -> bytes | None:
+            folder: tempfile.TemporaryDirectory[str]) -> bytes | None:
     try:
         data = obj.read_bytes() if process.wait() == 0 else None
     except OSError:
