@@ -15,7 +15,9 @@ without padding: where the positions fill no whole last panel, that panel is the
 first copied once per call into a workspace whose rows are padded to whole panels
 (kiln.kernels.conv.gemm.im2col). Over a symbolic image size any grouped layer that
 is not depthwise, any kernel size, is copied so and run here. (The copy is serial:
-a layer that can be read in place is.)
+a layer that can be read in place is.) On a `precision=bf16` target of 16 lanes a
+stride-1 unpadded layer of one image runs the bfloat16 products of
+kiln.kernels.conv.grouped_bf16 instead, with the bf16 GEMM's tile.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, Stmt, min_, seq
 from kiln.kernels.conv.family import UnpackedConv
 from kiln.kernels.conv.gemm import TYPICAL_POSITIONS, im2col, panel_count
+from kiln.kernels.conv.grouped_bf16 import bf16_tile, group_gemm_bf16_body, takes_bf16
 from kiln.kernels.flat_epilogue import FlatEpilogue
 from kiln.kernels.gemm.families import tile_candidates
 from kiln.kernels.gemm.knobs import GemmTiling
@@ -169,10 +172,12 @@ class GroupGemmConv(UnpackedConv):
         return list(tile_candidates(*group_product(shape), isa))
 
     def choose_tile(self, shape: ConvShape, isa: ISA) -> tuple[int, int]:
-        return choose_tile(shape, isa)
+        return bf16_tile(shape, isa) if takes_bf16(shape, isa) else choose_tile(shape, isa)
 
     def loop_nest(self, shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
+        if takes_bf16(shape, isa):
+            return group_gemm_bf16_body(shape, x, w, out, tile, epilogue, isa=isa)
         if shape.symbolic_image:
             with parallel_over_images():
                 return group_gemm_body(shape, x, w, out, tile, epilogue, fused, isa=isa)
