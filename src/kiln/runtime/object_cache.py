@@ -14,8 +14,8 @@ source bytes (for an archive, also every file its compiles may include).
 The objects are kept in memory, least recently used first out beyond `MAX_BYTES`, and
 on disk under the key (`$KILN_CACHE_DIR/objects`, else `~/.cache/kiln/objects`; off
 with `KILN_CACHE=0`, as the compile cache), so a new process finds them too: the C
-every library carries beside its model (the weights check, the swap interpreter) and a
-model's host.c built again from the compile cache. Each file holds a magic, the
+every library carries beside its model (host.c's prelude, the weights check, the swap
+interpreter) and a model's host.c built again from the compile cache. Each file holds a magic, the
 SHA-256 of the object and the object: one that does not match is ignored.
 
 A compile may also be started ahead (`start`): the llvm codegen starts host.c's while
@@ -30,11 +30,17 @@ import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
+
+
+class Folder(Protocol):
+    """What a started compile writes in: removed (`cleanup`) when it is done."""
+
+    def cleanup(self) -> None: ...
 
 MAX_BYTES = 64 << 20
 # What GCC reads from the environment that can change an object.
@@ -48,7 +54,7 @@ _objects: OrderedDict[str, bytes] = OrderedDict()
 _size = 0
 _lock = threading.Lock()
 # Compiles started ahead: key -> (the compiler, the object it writes, its directory)
-_pending: dict[str, tuple[subprocess.Popen[bytes], Path, tempfile.TemporaryDirectory[str]]] = {}
+_pending: dict[str, tuple[subprocess.Popen[bytes], Path, Folder]] = {}
 
 
 def _compiler_identity(program: str) -> str:
@@ -107,7 +113,7 @@ def started(key: str) -> bool:
 
 
 def start(key: str, process: subprocess.Popen[bytes], obj: Path,
-          folder: tempfile.TemporaryDirectory[str]) -> None:
+          folder: Folder) -> None:
     """Remember the compile `process`, writing `obj` (in `folder`, removed when it is
     done), as the object of `key`; compiles started before and done are collected."""
     with _lock:
@@ -119,7 +125,7 @@ def start(key: str, process: subprocess.Popen[bytes], obj: Path,
 
 
 def _finish(key: str, process: subprocess.Popen[bytes], obj: Path,
-            folder: tempfile.TemporaryDirectory[str]) -> bytes | None:
+            folder: Folder) -> bytes | None:
     try:
         data = obj.read_bytes() if process.wait() == 0 else None
     except OSError:
