@@ -8,17 +8,19 @@ stay resident; for a gathered constant most never would be (the rows no token pi
 So once a chunk is hashed, the whole pages of gathered constants inside it are handed
 back (`hand_back`), on the library's read-only file mapping, which no one writes:
 
-- `MADV_RANDOM`: a later fault reads only its page, no readahead around it;
 - `MADV_PAGEOUT`: the pages leave the page cache too, where no other process maps
   them (Linux skips shared ones, and files the caller may not write). Otherwise a
   row's fault maps the whole large folio the page cache holds it in (2 MiB measured on
-  Linux 6.18, which maps a file's large folios whole): a few hundred tokens would map
-  nearly every page of the table again;
+  Linux 6.18, which maps a file's large folios whole): a few hundred tokens mapped
+  nearly every page of the table again. Read back from the file, a row comes in with
+  the kernel's fault-around (16 pages by default);
 - `MADV_DONTNEED`: what is still mapped leaves the resident set.
 
-Each is skipped where the system lacks it. Streamed weights keep the page tables the
-check filled: refaulting those made a 1.1B model's decode a third slower
-(docs/performance.md, "What a generating process holds").
+Not `MADV_RANDOM` (no readahead: one page read a fault): reading the whole table then (a
+swap's private copies) took 4.5 s instead of 0.1 s. Each is skipped where the system
+lacks it. Streamed weights keep the page tables the check filled: refaulting those
+made a 1.1B model's decode a third slower (docs/performance.md, "What a generating
+process holds").
 """
 
 from __future__ import annotations
@@ -57,9 +59,9 @@ def drop_within(ranges: list[tuple[int, int]], start: int, end: int) -> None:
 
 
 def hand_back(address: int, length: int) -> None:
-    """Read at random from now on, out of the page cache and out of the resident set:
-    the whole pages within [address, address + length) of a read-only file mapping no
-    one has written (the module's docstring; nothing on a system without madvise)."""
+    """Out of the page cache and out of the resident set: the whole pages within
+    [address, address + length) of a read-only file mapping no one has written (the
+    module's docstring; nothing on a system without madvise)."""
     for advice in _HAND_BACK:
         _advise(address, length, advice)
 
@@ -93,10 +95,9 @@ def _libc_madvise() -> Any:
 
 _MADVISE = _libc_madvise()
 # MADV_PAGEOUT is 21 in linux/mman.h (Linux 5.4: EINVAL before), where the mmap module
-# does not name it; other systems get RANDOM and DONTNEED only.
+# does not name it; other systems get DONTNEED only.
 _PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21 if sys.platform.startswith("linux") else None)
-_HAND_BACK = tuple(a for a in (getattr(mmap, "MADV_RANDOM", None), _PAGEOUT,
-                               getattr(mmap, "MADV_DONTNEED", None))
+_HAND_BACK = tuple(a for a in (_PAGEOUT, getattr(mmap, "MADV_DONTNEED", None))
                    if a is not None) if _MADVISE is not None else ()
 
 __all__ = ["drop_pages", "drop_within", "gathered_ranges", "hand_back"]
