@@ -15,8 +15,6 @@ kernel, a view of it) makes it streamed: the test errs on keeping pages.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from kiln.ir import tensor as t
 from kiln.ir.module import IRModule
 from kiln.ir.visitor import iter_exprs, iter_nodes, iter_stmts, operands
@@ -25,7 +23,12 @@ from kiln.ir.visitor import iter_exprs, iter_nodes, iter_stmts, operands
 def gathered_constants(mod: IRModule) -> set[int]:
     """The `id`s of the AllocConst arrays of `mod` that are read only by gathers."""
     funcs = mod.prim_funcs()
+    uses = {name: _uses(fn.body) for name, fn in funcs.items()}  # one walk per function
     memo: dict[tuple[str, int], bool] = {}
+
+    def gathered(name: str, buf: t.Buffer) -> bool:
+        return all(param_gathered(*use) if isinstance(use, tuple) else use
+                   for use in uses[name].get(buf, ()))
 
     def param_gathered(name: str, index: int) -> bool:
         key = (name, index)
@@ -33,40 +36,42 @@ def gathered_constants(mod: IRModule) -> set[int]:
             memo[key] = False  # a recursive call reads it as streamed
             fn = funcs.get(name)
             param = fn.params[index] if fn is not None and index < len(fn.params) else None
-            if fn is not None and isinstance(param, t.Buffer):
-                memo[key] = _only_gathered(fn.body, param, param_gathered)
+            if isinstance(param, t.Buffer):
+                memo[key] = gathered(name, param)
         return memo[key]
 
     verdict: dict[int, bool] = {}
-    for fn in funcs.values():
+    for name, fn in funcs.items():
         for node in iter_stmts(fn.body):
             if isinstance(node, t.AllocConst):
                 key = id(node.data)
-                verdict[key] = verdict.get(key, True) and _only_gathered(
-                    fn.body, node.buffer, param_gathered)
-    return {key for key, gathered in verdict.items() if gathered}
+                verdict[key] = verdict.get(key, True) and gathered(name, node.buffer)
+    return {key for key, ok in verdict.items() if ok}
 
 
-def _only_gathered(body: t.Stmt, buf: t.Buffer,
-                   param_gathered: Callable[[str, int], bool]) -> bool:
-    """Whether every use of `buf` in `body` is a data-indexed load (or a call passing it
-    to a parameter that is, `param_gathered(function, index)`)."""
-    data_vars: set[t.Var] = set()
+# A use of a buffer: True (a data-indexed load), False (any other read), or the
+# (function, parameter index) a call passes it to.
+_Use = bool | tuple[str, int]
+
+
+def _uses(body: t.Stmt) -> dict[t.Buffer, list[_Use]]:
+    """Every use of every buffer in `body`."""
+    data_vars: set[t.Var] = set()  # `let` variables bound to loaded data
+    out: dict[t.Buffer, list[_Use]] = {}
     for node in iter_nodes(body):
         if isinstance(node, t.LetStmt) and _data_dependent((node.value,), data_vars):
             data_vars.add(node.var)
-        if not any(x is buf for x in operands(node)):
-            continue
-        if isinstance(node, t.Load):
-            if not _data_dependent(node.indices, data_vars):
-                return False
-        elif isinstance(node, t.CallFunc):
-            if not all(param_gathered(node.func, i) for i, a in enumerate(node.args)
-                       if a is buf):
-                return False
-        else:
-            return False
-    return True
+        for i, x in enumerate(operands(node)):
+            if not isinstance(x, t.Buffer):
+                continue
+            if isinstance(node, t.Load):
+                use: _Use = _data_dependent(node.indices, data_vars)
+            elif isinstance(node, t.CallFunc):
+                use = (node.func, i)
+            else:
+                use = False
+            out.setdefault(x, []).append(use)
+    return out
 
 
 def _data_dependent(exprs: tuple[t.PrimExpr, ...], data_vars: set[t.Var]) -> bool:
