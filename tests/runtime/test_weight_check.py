@@ -1,7 +1,9 @@
 """The weight check in the background (kiln.runtime.weights): a thread started at load
 hashes the chunks, a call waits only for the chunks left (hashing them itself), a
 damaged chunk never reaches a result, `close()` stops the thread before unmapping,
-a forked child finishes what the parent's thread had taken, and exit never waits."""
+a forked child finishes what the parent's thread had taken, and exit never waits; the
+pages of a constant read only by a gather are handed back once hashed, the results
+staying right (kiln.runtime.gathered_pages)."""
 
 from __future__ import annotations
 
@@ -16,24 +18,35 @@ import kiln
 from kiln.ir import IRBuilder
 from kiln.ir import graph as g
 from kiln.runtime import load_module
+from kiln.runtime.gathered_pages import gathered_ranges
 from kiln.runtime.weights import ChunkCheck
 from support.processes import run_python
 
 ROWS, COLS = 3072, 1024  # 12 MiB of weights: three 4 MiB chunks
 IDX = np.array([0, ROWS // 2, ROWS - 1], dtype=np.int64)
+WEIGHT = np.random.default_rng(61).standard_normal((COLS, 16)).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
-    """`main(idx) = table[idx]` with a 12 MiB table, exported once."""
+    """`main(idx) = (table[idx], table[idx] @ WEIGHT)` with a 12 MiB table, exported once."""
     table = np.random.default_rng(60).standard_normal((ROWS, COLS)).astype(np.float32)
     ib = IRBuilder()
     with ib.function("main"):
         idx = ib.param("idx", (3,), "int64")
-        ib.ret(ib.emit(kiln.ops.call("gather", g.Constant(table, "table"), idx, axis=0), "rows"))
+        rows = ib.emit(kiln.ops.call("gather", g.Constant(table, "table"), idx, axis=0), "rows")
+        ib.ret(g.Tuple((rows, ib.emit(kiln.ops.call("matmul", rows, g.Constant(WEIGHT, "w")),
+                                      "y"))))
     folder = tmp_path_factory.mktemp("weight_check")
     so = kiln.compile(ib.get(), "c").export_library(folder / "table.so")
     return Path(so), table
+
+
+def right(lib: kiln.runtime.Module, table: np.ndarray) -> bool:
+    """Whether `main(IDX)` gives the rows (exactly) and their product with WEIGHT."""
+    rows, y = lib["main"](IDX)
+    return bool(np.array_equal(rows, table[IDX])
+                and np.allclose(y, table[IDX] @ WEIGHT, rtol=1e-4, atol=1e-4))
 
 
 def check_of(lib: kiln.runtime.Module) -> ChunkCheck:
@@ -53,8 +66,24 @@ def test_the_background_thread_checks_everything(built):
         check = check_of(lib)
         check.join()
         assert check.done or not check._todo  # every chunk hashed, no call made
-        np.testing.assert_array_equal(lib["main"](IDX), table[IDX])
+        assert right(lib, table)  # the table's pages handed back: the rows fault in again
         assert check.done and check.error is None
+        gathered = [a.metadata.get("gathered") for a in lib.artifacts
+                    if a.file_name == "constants.bin"]
+        assert len(gathered) == 1 and len(gathered[0]) == 1  # the table, not the weight
+        assert gathered[0][0][1] == table.nbytes
+
+
+@pytest.mark.parametrize("value", [
+    "0,64", [[0]], [[-64, 64]], [[0, 0]], [[64, 1 << 20]], [[0, 128], [64, 64]],
+    [[True, 64]], [[0.0, 64]]])
+def test_a_malformed_gathered_record_is_refused(value):
+    with pytest.raises(kiln.FormatError, match="'gathered' metadata is malformed"):
+        gathered_ranges(value, 4096, "lib.so: linked data c/constants.bin")
+
+
+def test_a_gathered_record_reads_back_sorted():
+    assert gathered_ranges([[128, 64], [0, 64]], 4096, "x") == [(0, 64), (128, 64)]
 
 
 def test_a_call_hashes_the_chunks_left(built, monkeypatch):
@@ -63,7 +92,7 @@ def test_a_call_hashes_the_chunks_left(built, monkeypatch):
     with load_module(so) as lib:
         check = check_of(lib)
         assert not check.done
-        np.testing.assert_array_equal(lib["main"](IDX), table[IDX])
+        assert right(lib, table)
         assert check.done and check.error is None
 
 
@@ -109,14 +138,14 @@ def test_a_forked_child_hashes_what_the_parent_thread_had_taken(built, monkeypat
             code = 1
             try:
                 signal.alarm(30)  # a hang ends the child, failing the test
-                code = 0 if np.array_equal(lib["main"](IDX), table[IDX]) else 2
+                code = 0 if right(lib, table) else 2
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         check._busy.discard(taken)  # give it back here too: the parent finishes the check
         check._todo.append(taken)  # type: ignore[union-attr]
-        np.testing.assert_array_equal(lib["main"](IDX), table[IDX])
+        assert right(lib, table)
 
 
 def test_exit_does_not_wait_for_the_thread(built):

@@ -23,6 +23,7 @@ import numpy as np
 from kiln.artifact import Artifact
 from kiln.artifact.integrity import CHUNK_SIZE, chunk_digests, tree_digest
 from kiln.artifact.segments import Segments
+from kiln.codegen.gathered_constants import gathered_constants
 from kiln.codegen.host import HOST_FILE
 from kiln.codegen.naming import consts_symbol
 from kiln.codegen.swap_program import program_artifacts
@@ -75,6 +76,8 @@ class ConstantPool:
         # Whether kernels read the constants through `{prefix}_const_table` (the llvm
         # lowering sets it; kiln.codegen.const_table).
         self.table = False
+        # The ids of the constants read only by gathers (from_module; "gathered").
+        self.gathered: set[int] = set()
 
     def add(self, data: np.ndarray) -> int:
         """Byte offset of `data` in the blob (adding it on first sight)."""
@@ -103,6 +106,7 @@ class ConstantPool:
                         {"symbol": consts_symbol(prefix), "align": CONST_ALIGN,
                          "count": len(self), **({"large": True} if self.large else {}),
                          **({"table": self.table_entries()} if self.table else {}),
+                         **({"gathered": ranges} if (ranges := self.gathered_ranges()) else {}),
                          **self.integrity()})
 
     def with_replay(self, artifacts: Iterable[Any], prefix: str) -> list[Any]:
@@ -136,6 +140,13 @@ class ConstantPool:
     def table_entries(self) -> list[list[int]]:
         """(offset, bytes) of every entry, by index: the table's slots."""
         return [[self._offsets[id(d)], int(d.nbytes)] for d in self._keep]
+
+    def gathered_ranges(self) -> list[list[int]]:
+        """[offset, bytes] of each constant read only by gathers
+        (kiln.codegen.gathered_constants), by offset: the weight check hands their pages
+        back once hashed (docs/format.md, "Gathered constants")."""
+        return sorted([self._offsets[id(d)], int(d.nbytes)] for d in self._keep
+                      if id(d) in self.gathered and d.nbytes > 0)
 
     def find(self, data: object) -> int | None:
         """Offset of this very array object in the pool, or None."""
@@ -205,6 +216,7 @@ class ConstantPool:
                 if isinstance(node, AllocConst):
                     pool.add(node.data)
         pool._adopt_arena()
+        pool.gathered = gathered_constants(mod)
         named = mod.attrs.get(wo.ATTR_WEIGHTS)
         pool.named_weights = tuple(named) if named is not None else None
         return pool

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import ctypes
-import mmap
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
@@ -32,14 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.errors import FormatError
 from kiln.runtime import ctypes_abi
+from kiln.runtime.gathered_pages import drop_pages
 from kiln.runtime.weights import CheckOnce
 
 if TYPE_CHECKING:
     from kiln.runtime.external_weights import Lent, SharedWeights
     from kiln.runtime.module import LibraryModule
-
-_MADV_DONTNEED = 4  # linux/mman.h
-
 
 def slots_symbol(prefix: str) -> str:
     """`const uint8_t** {prefix}_const_slots(uint32_t* count)`: the table's address."""
@@ -172,14 +169,8 @@ def _borrow(me: Tabled, entries: list[list[int]], runs: list[tuple[int, int, Any
 def drop_own_pages(me: Tabled) -> None:
     """Drop the borrower's own resident pages of what it reads elsewhere (MADV_DONTNEED on
     the whole pages inside each borrowed constant: they refault from its file if needed)."""
-    page = mmap.PAGESIZE
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     for i in list(me.borrowed):
-        lo = -(-me.home[i] // page) * page
-        hi = (me.home[i] + me.sizes[i]) // page * page
-        if hi > lo:
-            libc.madvise(lo, hi - lo, _MADV_DONTNEED)
+        drop_pages(me.home[i], me.sizes[i])
 
 
 def unshare(me: Tabled) -> None:

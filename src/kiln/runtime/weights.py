@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.artifact.integrity import DIGEST_SIZE, LANE64, chunk_count
 from kiln.errors import FormatError, UsageError
+from kiln.runtime.gathered_pages import drop_within, gathered_ranges
 from kiln.runtime.weights_check import LaneRegion, lane_regions
 
 if TYPE_CHECKING:
@@ -312,6 +313,8 @@ class WeightCheck(ChunkCheck):
         by_name = {str(r.get("artifact")): (chunk, intact) for r, chunk, intact in lanes or ()}
         self.where = str(lib.path)
         self.spans = []
+        # Per span: its gathered constants, (address, bytes), whose pages go once hashed.
+        self.gathered: dict[int, list[tuple[int, int]]] = {}
         for d in contents.linked:
             a = items[d.artifact]
             name = f"{a.codegen_id}/{a.file_name}"
@@ -324,7 +327,24 @@ class WeightCheck(ChunkCheck):
                                   "(damaged file)")
             chunk, intact = by_name.get(name, (d.chunk_size, None))
             self.spans.append((address + d.offset, d.length, chunk, d.digests, what, intact))
+            if "gathered" in a.metadata:
+                self.gathered[len(self.spans) - 1] = [
+                    (address + d.offset + off, n)
+                    for off, n in gathered_ranges(a.metadata["gathered"], d.length, what)]
         self.done = not self.spans
+
+    def _hash(self, item: tuple[int, int]) -> FormatError | None:
+        """Check one chunk, then hand back its pages of gathered constants
+        (kiln.runtime.gathered_pages): no kernel has run yet (a call waits for the whole
+        check, a swap runs it to its end first), and the kernels fault in the rows they
+        read from the page cache the check has just filled."""
+        failed = super()._hash(item)
+        ranges = self.gathered.get(item[0])
+        if ranges and failed is None:
+            address, length, chunk = self.spans[item[0]][:3]
+            start = address + item[1] * chunk
+            drop_within(ranges, start, min(start + chunk, address + length))
+        return failed
 
     def regions(self) -> list[Region]:
         """The linked data, read in place in the mapped library."""
