@@ -265,7 +265,8 @@ CASES: dict[str, list[OpCase]] = {
     "conv2d_nchwc_bf16": [OpCase((bf16_exact(1, 2, 5, 6, 4), bf16_conv_weight(8, 4, 5, 6, 3, 3),
                                   f32(5)), {"channels": 5, "c_in": 6, "pads": (1, 1, 1, 1)},
                                  rtol=1e-5, atol=1e-5),
-                          # 9 input channels in 3 blocks (the second pair's upper block zero)
+                          # 9 input channels in 3 blocks: an odd count, the halves of each
+                          # block paired (`word_block`)
                           OpCase((bf16_exact(2, 3, 6, 5, 4), bf16_conv_weight(4, 4, 3, 9, 1, 1)),
                                  {"channels": 3, "c_in": 9, "strides": (2, 2)},
                                  rtol=1e-5, atol=1e-5),
