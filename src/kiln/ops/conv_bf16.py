@@ -47,11 +47,13 @@ Attrs = Mapping[str, Any]
 
 def word_block(c_in: int, block: int) -> int:
     """The lanes `b` of the word rows of an input of `c_in` channels in blocks of `block`:
-    `block`, or half of it where the input has an odd count of blocks (MobileNetV2's 16
-    and 144 channels), whose words then pair lane `j` of a block with lane `j + b` of the
-    same block rather than the last block with a block of zeros: no products of padding."""
-    blocks = -(-c_in // block)
-    return block // 2 if blocks % 2 and block % 2 == 0 else block
+    of `block`, a half and a quarter of it, the one of the fewest word rows (the most
+    lanes on ties). Rows of `block` pair the last block of an odd count with a block of
+    zeros and a partial block's padding lanes with real ones: MobileNetV2's 16 and 144
+    channels pair the halves of each block instead (8 lanes), its 24 channels quarters
+    (4 lanes: 12 rows, not 16); no product of padding."""
+    parts = [block // d for d in (1, 2, 4) if block % d == 0]
+    return min(parts, key=lambda b: (pair_blocks(c_in, b) * b, -b))
 
 
 def pair_blocks(c_in: int, block: int) -> int:

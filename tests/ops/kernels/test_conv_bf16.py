@@ -142,9 +142,9 @@ def test_every_layer_runs_in_bfloat16(built: Any) -> None:
 def test_pack_round_trips_the_rounded_weights() -> None:
     w = _weight(40, 50, 3, 3)
     w[0, 0, 0, 0] = 1.0 + 2.0 ** -8  # a tie rounds to even
-    # 50 channels: 4 blocks of 16 (2 pairs of blocks: 32 word rows); 7 of 8, an odd count,
-    # pair the halves of each block (`word_block` 4: 7 pairs of 4 lanes, 28 rows)
-    for block, rows in ((16, 32), (8, 28)):
+    # 50 channels in blocks of 16 or 8 pair 4 or 2 lanes (`word_block`: 7 pairs of 4 lanes
+    # or 13 of 2, the fewest rows; 16 lanes would take 32)
+    for block, rows in ((16, 28), (8, 26)):
         packed = pack_conv_bf16(w, 32, block)
         assert packed.shape == (2, rows, 3, 3, 32) and packed.dtype == np.int32
         back = unpack_conv_bf16(packed, 40, 50, block)

@@ -172,8 +172,8 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, isa: ISA
         inner = replace(shape, h=rows, w=cols, pads=(0, 0, 0, 0))
         sh = sw = 1
     x_block, block = block, word_block(shape.c_in, block)
-    halves = x_block // block  # word blocks per block of `x` (2: `word_block` halved it)
-    cblocks = -(-shape.c_in // x_block) * halves
+    parts = x_block // block  # word blocks per block of `x` (`word_block`)
+    cblocks = -(-shape.c_in // x_block) * parts
     pairs = pair_blocks(shape.c_in, block)
     xb = Buffer("xbf16", (shape.n, pairs, rows, cols, block), "int32")
     zero = as_expr(0.0, "float32")
@@ -182,9 +182,9 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, isa: ISA
              ) -> PrimExpr:
         if x.ndim == 4:
             return x[n, cblock, r, c]
-        if halves == 1:
+        if parts == 1:
             return x[n, cblock, r, c, v]
-        return x[n, cblock // halves, r, c, (cblock % halves) * block + v]
+        return x[n, cblock // parts, r, c, (cblock % parts) * block + v]
 
     def fill(n: PrimExpr, p: PrimExpr) -> Stmt:
         hi_block = min_(2 * p + 1, cblocks - 1)
