@@ -12,9 +12,10 @@ ReLU reading the NCHW input of 3 channels in place (a region's first layer: chan
 paired (0, 1) and (2, zero)), a strided unpadded 1x1 layer (its input subsampled as it
 is converted; 48 channels, an odd count of blocks, paired within each block), a 3x3
 layer with a residual Add, a 1x1 layer to 24 channels (a partial output block), a
-strided 3x3 layer with asymmetric pads, over an image of 13x11 (tiles past its end) and
-a symbolic batch; then an LRN on the blocked result (`lrn_nchwc`, 40 channels in blocks
-of 16), whose `s ** -0.75` a `precision=bf16` target takes by square roots.
+strided 3x3 layer with asymmetric pads (its 24 channels in word rows of 4 lanes), over
+an image of 13x11 (tiles past its end) and a symbolic batch; then an LRN on the blocked
+result (`lrn_nchwc`, 40 channels in blocks of 16), whose `s ** -0.75` a `precision=bf16`
+target takes by square roots.
 A second input runs Whisper's front: two Conv1d layers
 (the second strided) each with an exact GELU, a region of two layers and two reorders;
 a third one of ShuffleNet's grouped 1x1 layers (`conv2d_group_gemm` in bfloat16:
