@@ -261,11 +261,12 @@ CASES: dict[str, list[OpCase]] = {
                        OpCase((f32(1, 4, 6, 5), f32(2, 1, 2, 3, 3, 4)),
                               {"channels": 6, "group": 2, "strides": (2, 2),
                                "pads": (0, 1, 2, 1)})],
-    # 6 input channels in 2 blocks of 4 (one pair), 5 outputs in a tile of 8
+    # 6 input channels in 2 blocks of 4 (words of single lanes, `word_block`: 3 rows, not
+    # 4), 5 outputs in a tile of 8
     "conv2d_nchwc_bf16": [OpCase((bf16_exact(1, 2, 5, 6, 4), bf16_conv_weight(8, 4, 5, 6, 3, 3),
                                   f32(5)), {"channels": 5, "c_in": 6, "pads": (1, 1, 1, 1)},
                                  rtol=1e-5, atol=1e-5),
-                          # 9 input channels in 3 blocks (the second pair's upper block zero)
+                          # 9 input channels in 3 blocks (single lanes: 5 rows, not 8)
                           OpCase((bf16_exact(2, 3, 6, 5, 4), bf16_conv_weight(4, 4, 3, 9, 1, 1)),
                                  {"channels": 3, "c_in": 9, "strides": (2, 2)},
                                  rtol=1e-5, atol=1e-5),

@@ -9,7 +9,9 @@ int32 words of two bfloat16 values, the pairs `vdpbf16ps` multiplies
 side, where word `p * b + j` pairs input channel `2 * p * b + j` (low half) with
 `(2 * p + 1) * b + j` (high half): lane `j` of two consecutive channel blocks, so that
 the kernel pairs the input's values from two contiguous runs of `b` (P =
-ceil(ceil(ci / b) / 2), channels past the input's zero). Attributes: `channels` (the
+ceil(ceil(ci / b) / 2), channels past the input's zero). `b` is the input's block, or half
+of it where the input has an odd count of blocks (`word_block`: lane `j` of a block then
+pairs with lane `j + b` of the same block, not with a block of zeros). Attributes: `channels` (the
 output channels), `c_in` (the input channels), `tile` = (cb, positions per tile) and
 `conv2d`'s. `x` and the result are NCHW{b}c (kiln.ops.layout), the result's padding
 channels zero; or, for a region's first layer (fewer input channels than a block: an
@@ -43,6 +45,17 @@ CONV_BF16 = "conv2d_nchwc_bf16"
 Attrs = Mapping[str, Any]
 
 
+def word_block(c_in: int, block: int) -> int:
+    """The lanes `b` of the word rows of an input of `c_in` channels in blocks of `block`:
+    of `block`, a half and a quarter of it, the one of the fewest word rows (the most
+    lanes on ties). Rows of `block` pair the last block of an odd count with a block of
+    zeros and a partial block's padding lanes with real ones: MobileNetV2's 16 and 144
+    channels pair the halves of each block instead (8 lanes), its 24 channels quarters
+    (4 lanes: 12 rows, not 16); no product of padding."""
+    parts = [block // d for d in (1, 2, 4) if block % d == 0]
+    return min(parts, key=lambda b: (pair_blocks(c_in, b) * b, -b))
+
+
 def pair_blocks(c_in: int, block: int) -> int:
     """P: the pairs of input channel blocks (the last one's upper block zero when the
     input has an odd count of blocks)."""
@@ -52,8 +65,10 @@ def pair_blocks(c_in: int, block: int) -> int:
 
 def pack_conv_bf16(w: np.ndarray, cb: int, block: int) -> np.ndarray:
     """OIHW float32 weight -> int32 words `[ceil(co / cb)][P * block][kh][kw][cb]` of
-    bfloat16 pairs (see the module docstring; padding channels zero)."""
+    bfloat16 pairs (see the module docstring; padding channels zero), the input's
+    channels paired in blocks of `word_block(ci, block)`."""
     co, ci, kh, kw = w.shape
+    block = word_block(ci, block)
     blocks, pairs = -(-co // cb), pair_blocks(ci, block)
     full = np.zeros((blocks * cb, 2 * pairs * block, kh, kw), dtype=np.float32)
     full[:co, :ci] = bf16_round(w)
@@ -67,6 +82,7 @@ def pack_conv_bf16(w: np.ndarray, cb: int, block: int) -> np.ndarray:
 def unpack_conv_bf16(wp: np.ndarray, c_out: int, c_in: int, block: int) -> np.ndarray:
     """`pack_conv_bf16` undone: the bfloat16 OIHW weight as float32."""
     blocks, pb, kh, kw, cb = wp.shape
+    block = word_block(c_in, block)
     pairs = pb // block
     words = np.ascontiguousarray(wp).view(np.uint32).reshape(blocks, pairs, block, kh, kw, cb)
     halves = np.stack([words << 16, words & 0xFFFF0000], axis=2)  # [B][P][2][b][kh][kw][cb]
@@ -96,11 +112,12 @@ def bf16_conv_shape(types: Sequence[Any], attrs: Attrs) -> ConvShape:
         raise IRError(f"{CONV_BF16}: input must be float32 NCHW<b>c (or NCHW with attribute "
                       f"{NCHW_INPUT_BLOCK}=b) holding {ci} channels, "
                       f"got {types[0].dtype} {x}")
-    if (len(wp) != 5 or types[1].dtype != "int32" or wp[1] != pair_blocks(ci, a) * a
+    words = pair_blocks(ci, word_block(ci, a)) * word_block(ci, a) if a else 0
+    if (len(wp) != 5 or types[1].dtype != "int32" or wp[1] != words
             or not (wp[0] - 1) * wp[4] < co <= wp[0] * wp[4] or wp[4] % b
             or int(attrs.get("group", 1)) != 1):
         raise IRError(f"{CONV_BF16}: packed weight must be int32 [co/cb]"
-                      f"[{pair_blocks(ci, a) * a}][kh][kw][cb] (cb a multiple of {b}) "
+                      f"[{words}][kh][kw][cb] (cb a multiple of {b}) "
                       f"holding {co} output channels, ungrouped; got {types[1].dtype} {wp}")
     tile = recorded_tile(attrs, 2, CONV_BF16)
     if tile is not None and tile[0] != wp[4]:
@@ -129,7 +146,7 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     s = bf16_conv_shape(inputs, attrs)
     x, wp = inputs[0], inputs[1]
     a, b = conv_blocks(x.shape, attrs)
-    cb = int(wp.shape[4])
+    cb, a = int(wp.shape[4]), word_block(s.c_in, a)
     plain = x if len(x.shape) == 4 else te.compute(
         (x.shape[0], s.c_in, x.shape[2], x.shape[3]),
         lambda n, c, h, w: x[n, c // b, h, w, c % b], "float32", "x_nchw")

@@ -9,12 +9,14 @@ for it and catches any wrong pairing, packing or border (errors near 1).
 
 One model, compiled once, holds the kernel's cases: a padded 3x3 layer with bias and
 ReLU reading the NCHW input of 3 channels in place (a region's first layer: channels
-paired (0, 1) and (2, zero)), a strided unpadded 1x1 layer (its input subsampled as it is
-converted), a 3x3 layer with a residual Add, a 1x1 layer to 24 channels (a partial
-output block), a strided 3x3 layer with asymmetric pads, over an image of 13x11 (tiles
-past its end) and a symbolic batch; then an LRN on the blocked result (`lrn_nchwc`, 40
-channels in blocks of 16), whose `s ** -0.75` a `precision=bf16` target takes by square
-roots. A second input runs Whisper's front: two Conv1d layers
+paired (0, 1) and (2, zero)), a strided unpadded 1x1 layer (its input subsampled as it
+is converted; 48 channels, an odd count of blocks, paired within each block), a 3x3
+layer with a residual Add, a 1x1 layer to 24 channels (a partial output block), a
+strided 3x3 layer with asymmetric pads (its 24 channels in word rows of 4 lanes), over
+an image of 13x11 (tiles past its end) and a symbolic batch; then an LRN on the blocked
+result (`lrn_nchwc`, 40 channels in blocks of 16), whose `s ** -0.75` a `precision=bf16`
+target takes by square roots.
+A second input runs Whisper's front: two Conv1d layers
 (the second strided) each with an exact GELU, a region of two layers and two reorders;
 a third one of ShuffleNet's grouped 1x1 layers (`conv2d_group_gemm` in bfloat16:
 kiln.kernels.conv.grouped_bf16).
@@ -141,10 +143,11 @@ def test_every_layer_runs_in_bfloat16(built: Any) -> None:
 def test_pack_round_trips_the_rounded_weights() -> None:
     w = _weight(40, 50, 3, 3)
     w[0, 0, 0, 0] = 1.0 + 2.0 ** -8  # a tie rounds to even
-    for block in (16, 8):
+    # 50 channels in blocks of 16 or 8 pair 4 or 2 lanes (`word_block`: 7 pairs of 4 lanes
+    # or 13 of 2, the fewest rows; 16 lanes would take 32)
+    for block, rows in ((16, 28), (8, 26)):
         packed = pack_conv_bf16(w, 32, block)
-        # 50 channels: 4 blocks of 16 (2 pairs), 7 of 8 (4 pairs, the last upper block zero)
-        assert packed.shape == (2, 32, 3, 3, 32) and packed.dtype == np.int32
+        assert packed.shape == (2, rows, 3, 3, 32) and packed.dtype == np.int32
         back = unpack_conv_bf16(packed, 40, 50, block)
         assert back[0, 0, 0, 0] == 1.0
         np.testing.assert_array_equal(back, bf16_round(w))

@@ -75,6 +75,7 @@ from kiln.ops.conv_bf16 import (
     conv_blocks,
     pack_conv_bf16,
     pair_blocks,
+    word_block,
 )
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK, unpack_blocked_weight
 from kiln.ops.conv_geometry import ConvShape, conv_shape
@@ -170,14 +171,20 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, isa: ISA
         rows, cols = shape.h + top + bottom, shape.w + left + right
         inner = replace(shape, h=rows, w=cols, pads=(0, 0, 0, 0))
         sh = sw = 1
-    cblocks = -(-shape.c_in // block)
+    x_block, block = block, word_block(shape.c_in, block)
+    parts = x_block // block  # word blocks per block of `x` (`word_block`)
+    cblocks = -(-shape.c_in // x_block) * parts
     pairs = pair_blocks(shape.c_in, block)
     xb = Buffer("xbf16", (shape.n, pairs, rows, cols, block), "int32")
     zero = as_expr(0.0, "float32")
 
     def read(n: PrimExpr, cblock: PrimExpr, r: PrimExpr, c: PrimExpr, v: PrimExpr
              ) -> PrimExpr:
-        return x[n, cblock, r, c, v] if x.ndim == 5 else x[n, cblock, r, c]
+        if x.ndim == 4:
+            return x[n, cblock, r, c]
+        if parts == 1:
+            return x[n, cblock, r, c, v]
+        return x[n, cblock // parts, r, c, (cblock % parts) * block + v]
 
     def fill(n: PrimExpr, p: PrimExpr) -> Stmt:
         hi_block = min_(2 * p + 1, cblocks - 1)
@@ -325,7 +332,8 @@ class NchwcBf16(Family):
             epilogue = blocked_bias(epilogue, store.buffers[args[2]], block)
         xb, inner, prologue = converted_input(store.buffers[x], shape, in_block, isa)
         tile_w = min(tile[1], shape.out_h * shape.out_w)
-        layer = _Layer(inner, xb, store.buffers[wp], store.out, epilogue, in_block, block,
+        layer = _Layer(inner, xb, store.buffers[wp], store.out, epilogue,
+                       word_block(shape.c_in, in_block), block,
                        cb, tile_w, shape.c_out)
         body = seq(*prologue, bf16_conv_body(layer))
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
