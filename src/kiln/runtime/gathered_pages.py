@@ -2,7 +2,7 @@
 
 The constants artifact of a library lists, as `"gathered"`, the `[offset, bytes]` of
 each constant its kernels read only at places that data picks (an embedding table:
-kiln.codegen.gathered_constants, docs/format.md "Gathered constants"). The weight
+docs/format.md "Gathered constants"). The weight
 check (kiln.runtime.weights.WeightCheck) reads every page of the weights, which then
 stay resident; for a gathered constant most never would be (the rows no token picks).
 So once a chunk is hashed, the whole pages of gathered constants inside it are handed
