@@ -196,9 +196,14 @@ def _parallel_row_loops(ex: kiln.driver.Executable) -> dict[str, bool]:
     return found
 
 
-def test_parallelize_proves_rows_independent() -> None:
-    ex = kiln.compile(from_onnx(MODEL), "llvm", tensor_pipeline=ALL_PARALLEL)
-    found = _parallel_row_loops(ex)
+@pytest.fixture(scope="module")
+def all_parallel() -> kiln.driver.Executable:
+    """The model with every row loop split over threads (ALL_PARALLEL), built once."""
+    return kiln.compile(from_onnx(MODEL), "llvm", tensor_pipeline=ALL_PARALLEL)
+
+
+def test_parallelize_proves_rows_independent(all_parallel: kiln.driver.Executable) -> None:
+    found = _parallel_row_loops(all_parallel)
     assert found and all(found.values()), found
 
 
@@ -209,11 +214,11 @@ def test_tiny_row_kernels_stay_serial(compiled: kiln.driver.Executable) -> None:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_threads_in_a_fresh_process(tmp_path: Path, threads: int,
-                                    expected: list[np.ndarray]) -> None:
+def test_threads_in_a_fresh_process(all_parallel: kiln.driver.Executable, tmp_path: Path,
+                                    threads: int, expected: list[np.ndarray]) -> None:
     # Every row loop split over threads, with fused producers and consumers.
-    ex = kiln.compile(from_onnx(MODEL), "llvm", tensor_pipeline=ALL_PARALLEL)
-    assert_close(outputs_in_fresh_process(ex, CASES.feeds, tmp_path, threads), expected)
+    assert_close(outputs_in_fresh_process(all_parallel, CASES.feeds, tmp_path, threads),
+                 expected)
 
 
 def test_producers_fuse_into_the_row_kernel_in_the_dsl() -> None:

@@ -21,6 +21,8 @@ import pytest
 
 import kiln
 from kiln.frontend import from_onnx
+from kiln.ir.tensor import CallFunc
+from kiln.ir.visitor import iter_stmts
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 from support.targets import native_target
@@ -50,32 +52,77 @@ POOLS: dict[str, tuple[str, dict[str, Any]]] = {
 SIZES = ((13, 13), (18, 11), (5, 5))
 
 
-def model(pool: str, attrs: dict[str, Any], h: int, w: int) -> onnx.ModelProto:
-    gb = GraphBuilder(seed=h * 31 + w)
-    x = gb.input("x", [1, CHANNELS, h, w])
-    y = gb.op("Relu", gb.conv(x, CHANNELS, CHANNELS, 3))
-    y = gb.op(pool, y, **attrs)
+def _region(gb: GraphBuilder, x: str, pool: str, attrs: dict[str, Any]) -> str:
+    """conv 3x3 + ReLU -> the pool -> conv 3x3 -> conv 3x3 -> conv 1x1 over `x`."""
+    y = gb.op(pool, gb.op("Relu", gb.conv(x, CHANNELS, CHANNELS, 3)), **attrs)
     for k in (3, 3, 1):
         y = gb.conv(y, CHANNELS, CHANNELS, k)
-    gb.output(y, None)
+    return y
+
+
+def model(pool: str, attrs: dict[str, Any], h: int, w: int) -> onnx.ModelProto:
+    gb = GraphBuilder(seed=h * 31 + w)
+    gb.output(_region(gb, gb.input("x", [1, CHANNELS, h, w]), pool, attrs), None)
     return gb.model(check=False)
 
 
-@pytest.mark.parametrize("kind", ["llvm", "c"])
+def _image(h: int, w: int) -> np.ndarray:
+    return np.random.default_rng(h).standard_normal((1, CHANNELS, h, w)).astype(np.float32)
+
+
+# Every pool at every size, one region each (an input and an output per (case, size)), in
+# one model: one build per target serves every case, and regions of the same shapes
+# share their kernels.
+REGIONS = [(case, h, w) for case in sorted(POOLS) for h, w in SIZES]
+
+
+def _every_region() -> onnx.ModelProto:
+    gb = GraphBuilder(seed=1)
+    for case, h, w in REGIONS:
+        x = gb.input(f"x_{case}_{h}x{w}", [1, CHANNELS, h, w])
+        gb.output(_region(gb, x, *POOLS[case]), None)
+    return gb.model(check=False)
+
+
+@pytest.fixture(scope="module")
+def every_region() -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]:
+    """The model of every region, its feeds and onnxruntime's outputs (in REGIONS order)."""
+    m = _every_region()
+    feeds = {f"x_{case}_{h}x{w}": _image(h, w) for case, h, w in REGIONS}
+    return m, feeds, onnxruntime_outputs(m, feeds)
+
+
+@pytest.fixture(scope="module", params=["llvm", "c"])
+def blocked(request: pytest.FixtureRequest, every_region: Any) -> tuple[Any, list[np.ndarray]]:
+    """`every_region` compiled with the `nchwc` graph pipeline for one target, and its
+    outputs."""
+    m, feeds, _ = every_region
+    ex = kiln.compile(from_onnx(m), native_target(request.param), graph_pipeline="nchwc")
+    return ex, [np.asarray(y) for y in ex["main"](*feeds.values())]
+
+
+def test_every_pool_runs_the_hand_built_kernel_on_nchwc(blocked: Any) -> None:
+    ex, _ = blocked
+    pools = [f for f in ex.ir.prim_funcs().values() if "kiln.pool_kernel" in f.attrs]
+    # the hand-built kernel, on NCHW{b}c, for the pool of every region
+    assert len({f.attrs["kiln.pool_kernel"] for f in pools}) == 1
+    assert all(f.attrs["kiln.pool_kernel"] == "pool2d_nchwc" and f.params[0].ndim == 5
+               for f in pools)
+    names = {name for name, f in ex.ir.prim_funcs().items() if "kiln.pool_kernel" in f.attrs}
+    calls = [s for s in iter_stmts(ex.ir["main"].body)
+             if isinstance(s, CallFunc) and s.func in names]
+    assert len(calls) == len(REGIONS)
+
+
 @pytest.mark.parametrize("case", sorted(POOLS))
-def test_pool_in_a_blocked_region_matches_onnxruntime(case: str, kind: str) -> None:
-    op, attrs = POOLS[case]
-    for h, w in SIZES:
-        m = model(op, attrs, h, w)
-        ex = kiln.compile(from_onnx(m), native_target(kind), graph_pipeline="nchwc")
-        pools = [f for f in ex.ir.prim_funcs().values() if "kiln.pool_kernel" in f.attrs]
-        # the hand-built kernel, on NCHW{b}c
-        assert pools and all(f.attrs["kiln.pool_kernel"] == "pool2d_nchwc"
-                             and f.params[0].ndim == 5 for f in pools), (h, w)
-        x = np.random.default_rng(h).standard_normal((1, CHANNELS, h, w)).astype(np.float32)
-        (want,) = onnxruntime_outputs(m, {"x": x})
-        got = np.asarray(ex["main"](x))
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{h}x{w}")
+def test_pool_in_a_blocked_region_matches_onnxruntime(case: str, blocked: Any,
+                                                      every_region: Any) -> None:
+    _, got = blocked
+    want = every_region[2]
+    for k, (name, h, w) in enumerate(REGIONS):
+        if name == case:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{h}x{w}")
 
 
 @pytest.mark.parametrize("case", ["resnet_3x3_s2_pad", "dilated"])
