@@ -8,6 +8,9 @@ stay resident; for a gathered constant most never would be (the rows no token pi
 So once a chunk is hashed, the whole pages of gathered constants inside it are handed
 back (`hand_back`), on the library's read-only file mapping, which no one writes:
 
+- `MADV_NOHUGEPAGE`: the load asked for large pages on the whole blob
+  (kiln.runtime.page_advice); left so, a row's fault would read the file back in a
+  large-page folio and map it whole, 2 MiB a row;
 - `MADV_PAGEOUT`: the pages leave the page cache too, where no other process maps
   them (Linux skips shared ones, and files the caller may not write). Otherwise a
   row's fault maps the whole large folio the page cache holds it in (2 MiB measured on
@@ -97,7 +100,8 @@ _MADVISE = _libc_madvise()
 # MADV_PAGEOUT is 21 in linux/mman.h (Linux 5.4: EINVAL before), where the mmap module
 # does not name it; other systems get DONTNEED only.
 _PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21 if sys.platform.startswith("linux") else None)
-_HAND_BACK = tuple(a for a in (_PAGEOUT, getattr(mmap, "MADV_DONTNEED", None))
+_HAND_BACK = tuple(a for a in (getattr(mmap, "MADV_NOHUGEPAGE", None), _PAGEOUT,
+                                getattr(mmap, "MADV_DONTNEED", None))
                    if a is not None) if _MADVISE is not None else ()
 
 __all__ = ["drop_pages", "drop_within", "gathered_ranges", "hand_back"]
