@@ -28,13 +28,13 @@ process holds").
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import mmap
 import sys
 from typing import Any
 
 from kiln.errors import FormatError
+from kiln.runtime.page_advice import MADVISE, advise
 
 
 def gathered_ranges(value: Any, size: int, what: str) -> list[tuple[int, int]]:
@@ -66,7 +66,7 @@ def hand_back(address: int, length: int) -> None:
     [address, address + length) of a read-only file mapping no one has written (the
     module's docstring; nothing on a system without madvise)."""
     for advice in _HAND_BACK:
-        _advise(address, length, advice)
+        advise(address, length, advice)
 
 
 def drop_pages(address: int, length: int) -> None:
@@ -74,34 +74,14 @@ def drop_pages(address: int, length: int) -> None:
     of a read-only file mapping no one has written: they leave the resident set, and a
     later read maps them again from the file (nothing on a system without it)."""
     if _HAND_BACK:
-        _advise(address, length, mmap.MADV_DONTNEED)
+        advise(address, length, mmap.MADV_DONTNEED)
 
 
-def _advise(address: int, length: int, advice: int) -> None:
-    first = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
-    last = (address + length) // mmap.PAGESIZE * mmap.PAGESIZE
-    if last > first and _MADVISE is not None:
-        _MADVISE(ctypes.c_void_p(first), ctypes.c_size_t(last - first), advice)
-
-
-def _libc_madvise() -> Any:
-    if not hasattr(mmap, "MADV_DONTNEED"):
-        return None
-    try:
-        fn = ctypes.CDLL(None).madvise
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_MADVISE = _libc_madvise()
 # MADV_PAGEOUT is 21 in linux/mman.h (Linux 5.4: EINVAL before), where the mmap module
 # does not name it; other systems get DONTNEED only.
 _PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21 if sys.platform.startswith("linux") else None)
 _HAND_BACK = tuple(a for a in (getattr(mmap, "MADV_NOHUGEPAGE", None), _PAGEOUT,
                                 getattr(mmap, "MADV_DONTNEED", None))
-                   if a is not None) if _MADVISE is not None else ()
+                   if a is not None) if MADVISE is not None else ()
 
 __all__ = ["drop_pages", "drop_within", "gathered_ranges", "hand_back"]

@@ -14,24 +14,41 @@ from __future__ import annotations
 import ctypes
 import mmap
 import sys
+from typing import Any
 
 # linux/mman.h; mmap.MADV_HUGEPAGE where Python defines it.
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 
 
+def _libc_madvise() -> Any:
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return None
+    try:
+        fn = ctypes.CDLL(None).madvise
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+MADVISE = _libc_madvise()  # None where the system has no madvise
+
+
+def advise(address: int, length: int, advice: int) -> bool:
+    """`madvise(advice)` on the whole pages within [address, address + length); whether
+    the kernel took it (False without madvise, or when there is no whole page)."""
+    first = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = (address + length) // mmap.PAGESIZE * mmap.PAGESIZE
+    if last <= first or MADVISE is None:
+        return False
+    return int(MADVISE(ctypes.c_void_p(first), ctypes.c_size_t(last - first), advice)) == 0
+
+
 def advise_large_pages(address: int, size: int) -> bool:
     """Ask for large pages on the whole pages of [address, address + size); whether the
     kernel took the advice (False off Linux or when it refused)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    page = mmap.PAGESIZE
-    lo = -(-address // page) * page
-    hi = (address + size) // page * page
-    if hi <= lo:
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return int(libc.madvise(lo, hi - lo, _MADV_HUGEPAGE)) == 0
+    return sys.platform.startswith("linux") and advise(address, size, _MADV_HUGEPAGE)
 
 
-__all__ = ["advise_large_pages"]
+__all__ = ["MADVISE", "advise", "advise_large_pages"]
