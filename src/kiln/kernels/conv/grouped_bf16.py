@@ -58,7 +58,8 @@ def group_gemm_bf16_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
         return flat(value, (const(0), grp * cog + co, p))
 
     mr = min(mr, cog)
-    prologue, words_at, words, panels = pack_b_bf16_at_run_time(b, nr, isa=isa)
+    prologue, words_at, words, panels = pack_b_bf16_at_run_time(b, nr, isa=isa,
+                                                                compact_tail=True)
     nest = Bf16Nest(a, words_at, o, grouped, (cog,), cog, positions, cig, mr, nr,
                     panel_group(words, nr, panels, isa), words, panels, isa, (groups,))
     body = bf16_body(nest)  # first: building it declares the epilogue's flat views

@@ -154,14 +154,17 @@ def _convert_rows(nest: Bf16Nest, at_: _At, abuf: Buffer, row0: PrimExpr | None 
         body.append(For(q, const(0), const(whole), "serial",
                         lanes_loop("j", PAIR_STRIDE, pair)))
     if k % PAIR_BLOCK:  # the last, partial block: K's end read as zero
+        # its pair distance: PAIR_STRIDE in a padded block, less in B's compact tail
+        # (kiln.kernels.gemm.bf16_tiled.compact_words), as B's words were paired
+        stride = nest.words - whole * PAIR_STRIDE
 
         def tail(kk: PrimExpr) -> PrimExpr:
             return select(compare("lt", kk, const(k)), at(min_(kk, k - 1)),
                           as_expr(0.0, "float32"))
 
         lo = const(whole * PAIR_BLOCK) + j
-        body.append(For(j, const(0), const(PAIR_STRIDE), "serial", Store(
-            abuf, bf16_word(tail(lo), tail(lo + PAIR_STRIDE)),
+        body.append(For(j, const(0), const(stride), "serial", Store(
+            abuf, bf16_word(tail(lo), tail(lo + stride)),
             (at_row, const(whole * PAIR_STRIDE) + j))))
     return For(r, const(0), const(nest.mr), "serial", seq(*body))
 

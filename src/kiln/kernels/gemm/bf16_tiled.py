@@ -75,14 +75,20 @@ class ActivationB:
         return select(compare("lt", col, const(self.n)), value, zero)
 
 
-def pack_b_bf16_at_run_time(b: ActivationB, nr: int, *, isa: ISA
+def pack_b_bf16_at_run_time(b: ActivationB, nr: int, *, isa: ISA, compact_tail: bool = False
                             ) -> tuple[list[Stmt], BWords, int, int]:
     """The statements converting B into a workspace of bfloat16 words (see the module
     docstring), its reader, and its words and panels per batch entry. A transposed B
     (K^T) is read along K (the inner loop over one word's 16 K values), otherwise along
     N. The loops are serial, LLVM's to vectorize: where K or N ends inside a block their
-    reads are clamped, which has no vector form that a vectorized loop could require."""
-    words, panels = padded_k(b.k) // 2, -(-b.n // nr)
+    reads are clamped, which has no vector form that a vectorized loop could require.
+    With `compact_tail` a partial last block of K is paired at half its length
+    (`compact_words`), not padded to a whole block: the nest reading the words must
+    convert A's rows alike (kiln.kernels.gemm.bf16 derives the pairing from the
+    words)."""
+    words = compact_words(b.k) if compact_tail else padded_k(b.k) // 2
+    panels = -(-b.n // nr)
+    tail = words - b.k // PAIR_BLOCK * PAIR_STRIDE  # the last block's pair distance
     entries = cast(int, dim_product(b.batch)) if b.batch else 1
     ws = Buffer("b_bf16", (entries, panels, words, nr), "int32")
 
@@ -94,20 +100,22 @@ def pack_b_bf16_at_run_time(b: ActivationB, nr: int, *, isa: ISA
             def word(q: PrimExpr, j: PrimExpr, v: PrimExpr, k_inside: bool) -> Stmt:
                 kk, col = q * PAIR_BLOCK + j, p * nr + v
                 inside = (k_inside, col_inside)
+                stride = PAIR_STRIDE if k_inside else tail
                 return Store(ws, bf16_word(b.at(bidx, kk, col, inside),
-                                           b.at(bidx, kk + PAIR_STRIDE, col, inside)),
+                                           b.at(bidx, kk + stride, col, inside)),
                              (bf, p, q * PAIR_STRIDE + j, v))
 
             def block(q: PrimExpr, v: PrimExpr | None, k_inside: bool) -> Stmt:
+                pairs = PAIR_STRIDE if k_inside else tail
                 if v is not None:  # transposed: along K within one column
-                    return _loop("j", PAIR_STRIDE, lambda j: word(q, j, v, k_inside))
-                return _loop("j", PAIR_STRIDE, lambda j: _loop(
+                    return _loop("j", pairs, lambda j: word(q, j, v, k_inside))
+                return _loop("j", pairs, lambda j: _loop(
                     "v", nr, lambda v: word(q, j, v, k_inside)))
 
             def blocks(v: PrimExpr | None) -> Stmt:
                 # only the block K ends inside reads clamped (no vector form)
                 whole = b.k // PAIR_BLOCK
-                last = [block(const(whole), v, False)] if whole < words // PAIR_STRIDE else []
+                last = [block(const(whole), v, False)] if b.k % PAIR_BLOCK else []
                 return seq(_loop("q", whole, lambda q: block(q, v, True)), *last)
 
             if b.transposed:
@@ -123,6 +131,15 @@ def pack_b_bf16_at_run_time(b: ActivationB, nr: int, *, isa: ISA
     pack = parallel_when(lambda: parallel_tiles((entries, panels), convert), work, "element",
                          isa=isa)
     return [Allocate(ws), pack], (lambda bf, p, w, v: ws[bf, p, w, v]), words, panels
+
+
+def compact_words(k: int) -> int:
+    """The words of K pairs when a partial last block of `t` values pairs value `j` with
+    `j + ceil(t / 2)` (`ceil(t / 2)` words, the odd one's high half zero) rather than
+    with `j + PAIR_STRIDE` in a block padded to `PAIR_BLOCK`: K = 40 makes 20 words,
+    not 32, so no `vdpbf16ps` multiplies the padding's zero words."""
+    whole, t = divmod(k, PAIR_BLOCK)
+    return whole * PAIR_STRIDE + -(-t // 2)
 
 
 def _static_kn(call: g.Call) -> tuple[int, int] | None:
