@@ -81,10 +81,10 @@ def _model() -> Any:
     # a ShuffleNet pointwise layer: 3 groups of 37 channels (K a whole pair block, then
     # 5 values paired 3 apart: the compact tail, odd) over 60 positions (a partial last
     # panel), bias, a residual Add (an epilogue load through the flat view) and ReLU
-    g = b.input("g", (1, 111, 4, 15))
+    g = b.input("g", (1, 111, 7, 7))
     b.node("Relu", [b.op("Add", b.op("Conv", g, b.const(_weight(111, 37, 1, 1)),
                                      b.const(_weight(111)), group=3), g)], ["g_out"])
-    b.output("g_out", (1, 111, 4, 15))
+    b.output("g_out", (1, 111, 7, 7))
     return b.model()
 
 
@@ -114,7 +114,7 @@ def test_bf16_conv_matches_float32(built: Any, batch: int) -> None:
     ex, model = built
     feeds = {"x": RNG.standard_normal((batch, 3, 13, 11)).astype(np.float32),
              "a": RNG.standard_normal((batch, 20, 9)).astype(np.float32),
-             "g": RNG.standard_normal((1, 111, 4, 15)).astype(np.float32)}
+             "g": RNG.standard_normal((1, 111, 7, 7)).astype(np.float32)}
     for want, got in zip(onnxruntime_outputs(model, feeds), ex["main"](*feeds.values()),
                          strict=True):
         assert got.shape == want.shape

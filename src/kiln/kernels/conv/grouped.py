@@ -53,9 +53,14 @@ MIN_GROUP_LANE_USE = 0.9
 
 def takes(shape: ConvShape, isa: ISA) -> bool:
     """Whether the registry gives a convolution to this family: a grouped 1x1 layer (any
-    stride) whose groups are not single channels, its positions filling the panels."""
+    stride) whose groups are not single channels, its positions filling the panels (any
+    count of them on the bfloat16 nest: `vdpbf16ps`'s two multiply-adds per lane pay
+    for ShuffleNet's 7x7 layers, 49 positions in 64 lanes, which the float32 blocked
+    kernel ran slower; docs/performance.md, bf16 round nine)."""
     if shape.groups == 1 or shape.depthwise or (shape.kh, shape.kw) != (1, 1):
         return False
+    if takes_bf16(shape, isa):
+        return True
     positions = shape.out_h * shape.out_w
     nr = choose_tile(shape, isa)[1]
     panels = panel_count(shape, nr)
