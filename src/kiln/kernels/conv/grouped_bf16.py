@@ -32,9 +32,13 @@ def takes_bf16(shape: ConvShape, isa: ISA) -> bool:
 
 
 def bf16_tile(shape: ConvShape, isa: ISA) -> tuple[int, int]:
-    """The bf16 GEMM's tile of one group's `co` x `oh * ow` product."""
-    t = choose_tile(shape.c_out // shape.groups, shape.out_h * shape.out_w, isa)
-    return (t.mr, t.nr)
+    """The bf16 GEMM's tile of one group's `co` x `oh * ow` product, its rows evened
+    out over the row tiles it makes (20 channels: 3 tiles of 7 rows, not 8, 8 and 4
+    computed as 8)."""
+    cog = shape.c_out // shape.groups
+    t = choose_tile(cog, shape.out_h * shape.out_w, isa)
+    tiles = -(-cog // t.mr)
+    return (-(-cog // tiles), t.nr)
 
 
 def group_gemm_bf16_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
