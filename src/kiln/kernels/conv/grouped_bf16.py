@@ -2,8 +2,10 @@
 `precision=bf16` targets of 16 float32 lanes: one product per group,
 `out[g][co, p] = W[g][co, k] @ X[g][k, p]`, on the bf16 GEMM of two activations
 (kiln.kernels.gemm.bf16_tiled): each group's input planes `X[g]` (K x positions) are
-converted once per call into bfloat16 word panels, the weight rows into words on the
-stack per row tile, and `vdpbf16ps` sums in float32 go through the fused epilogue.
+converted once per call into bfloat16 word panels (a partial last block of K paired
+at half its length, not padded: kiln.kernels.gemm.bf16_tiled.compact_words), the weight
+rows into words on the stack per row tile, and `vdpbf16ps` sums in float32 go through
+the fused epilogue.
 
 ShuffleNet's pointwise layers (3 groups of 20-160 output channels over 80-320 input
 channels) are such products, at the float32 FMA rate on the float32 GEMM: the two
