@@ -16,17 +16,22 @@ more. The pass rewrites it to `attention_tiled(q, k, v)` (`attention_tiled_bf16`
 kiln.ops.attention_blocks; `causal` when a causal mask was taken: the kernel then does
 no work above the diagonal; the operand `bias` for an added mask; `zero_nan` for NaN
 probabilities as zeros) when each link is
-read only by the next, the batch dims are equal and static, there is more than one
-query row, and the scores exceed an eighth of the target's L2 cache (`ISA.l2_bytes`,
-`SCORES_L2_FRACTION`): the kernel then computes a block of query rows at a time with
-its scores in cache (kiln.kernels.gemm.attention_blocks). Scores within L2 stay in
+read only by the next, the keys' and values' batch dims are the queries' or 1
+(grouped-query attention's heads, between the reshapes of
+kiln.transform.attention_heads), and either the scores are static, of more than one
+query row, and exceed an eighth of the target's L2 cache (`ISA.l2_bytes`,
+`SCORES_L2_FRACTION`), or they are float32 of symbolic shape (an export's dynamic
+batch, sequence and cache axes: the sizes are not known, and the kernel's blocks of one
+register tile of rows keep them in cache at any length): the kernel then computes a
+block of query rows at a time with its scores in cache
+(kiln.kernels.gemm.attention_blocks). Scores within L2 stay in
 cache in the three kernels too, but those run five parallel loops (the run-time
 packing of K and V, both products' tiles, the softmax) where the blocked kernel runs
 three, and each is a hand-off to the thread
 pool and a wait for its last thread: at two threads the blocked kernel is the faster
-for BERT-base's 12 x 128 x 128 scores (786 KB; docs/performance.md). A decode step's
-one query row, and scores of a few microseconds' work (short sequences), keep the three
-kernels, whose loops go parallel only when worth it. The pass runs after
+for BERT-base's 12 x 128 x 128 scores (786 KB; docs/performance.md). A static decode
+step's one query row, and scores of a few microseconds' work (short sequences), keep
+the three kernels, whose loops go parallel only when worth it. The pass runs after
 `block-matmuls` (whose `matmul_tiled` it reads: targets without the GEMM kernels keep
 `matmul`) and before `fuse-ops`.
 """

@@ -30,6 +30,11 @@ are skipped. For GPT-2's 128 x 128 scores a half of both products and the softma
 An attention mask computed from the inputs (`bias`, broadcast over the scores) is added
 as the softmax reads each score; `zero_nan` zeroes NaN probabilities as P @ V reads them.
 
+The keys' and values' batch dims of 1 broadcast (grouped-query attention: a group's
+one key/value head read by each of its query heads, packed once per group). Float32
+calls also take symbolic batch, query rows and keys (an export's dynamic axes): the
+blocks are then one register tile of rows, a workspace of `mr x n` scores.
+
 A block's workspace is sized to stay in the L2 cache (`ISA.l2_bytes`) with the keys and
 values of its head, so the scores are written and read back in cache: the unfused
 kernels move the whole score tensor through memory three times (for the Whisper
@@ -72,6 +77,7 @@ from kiln.ir.tensor import (
 from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.gemm.bf16_tiled import ActivationB, pack_b_bf16_at_run_time
 from kiln.kernels.gemm.families import choose_tile
+from kiln.kernels.gemm.knobs import GemmTiling
 from kiln.kernels.gemm.lowering import GemmLowering
 from kiln.kernels.gemm.micro_kernel import register_tile, unflatten
 from kiln.kernels.gemm.run_time_pack import pack_b_at_run_time
@@ -200,9 +206,21 @@ class AttentionLowering(GemmLowering):
 
 def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
     """The statements computing `out = softmax(q @ k^T * scale) @ v` (module docstring)."""
+    _, m, n, _, _ = ops.dims
+    tile = choose_tile(m, n, isa)  # Q @ K^T's, the larger product; P @ V takes it too
+    if isinstance(m, int) or tile.mr == 1:
+        return _blocks(ops, bf16, tile, isa)
+    # symbolic rows: a decode step's one query row runs one-row tiles (the products' own
+    # for one row), not `mr` copies of itself
+    return IfThenElse(compare("eq", as_expr(m, INDEX_DTYPE), const(1)),
+                      _blocks(ops, bf16, choose_tile(1, n, isa), isa),
+                      _blocks(ops, bf16, tile, isa))
+
+
+def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
+    """`attention_body` by register tiles of `tile`."""
     batch, m, n, d, dv = ops.dims
     heads = dim_product(batch)
-    tile = choose_tile(m, n, isa)  # Q @ K^T's, the larger product; P @ V takes it too
     mr, nr = tile.mr, tile.nr
     static = isinstance(m, int) and isinstance(n, int)
     # symbolic sizes: blocks of one row tile, whose scores fit L2 up to long contexts
