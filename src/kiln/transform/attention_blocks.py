@@ -191,6 +191,8 @@ def _attention(binding: g.Binding, defs: Defs, uses: Any, isa: ISA
             return None
         bias, views = view[0], [view[1]]
     q, k = product.args
+    if not _head_widths_static(q, v, st):
+        return None
     attrs: dict[str, Any] = {"scale": factor}
     if product.attrs.get("transpose_b"):
         attrs["transpose_b"] = True
@@ -227,6 +229,15 @@ def _nan_zeroed(x: g.Expr, defs: Defs, uses: Any
         return None
     assert isinstance(x, g.Var) and isinstance(cond, g.Var)
     return p, softmax, [x, cond]
+
+
+def _head_widths_static(q: g.Expr, v: g.Expr, scores: TensorType) -> bool:
+    """Whether the kernel takes these operands: static head widths where the scores
+    are symbolic (its register tiles run over them)."""
+    if all(isinstance(d, int) for d in scores.shape):
+        return True
+    widths = [getattr(x.type, "shape", (None,))[-1] for x in (q, v)]
+    return all(isinstance(w, int) for w in widths)
 
 
 def _worth_blocking(scores: TensorType, op: str, isa: ISA) -> bool:
