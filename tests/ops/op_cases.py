@@ -222,12 +222,12 @@ CASES: dict[str, list[OpCase]] = {
     # one row of A; B stored [N][K] (Gemm's transB) and read in place
     "matmul_gemv": [OpCase((f32(1, 5), f32(7, 5)), {"transpose_b": True}),
                     OpCase((f32(1, 33), f32(19, 33)), {"transpose_b": True})],
-    # softmax(q @ k^T * scale [+ bias]) @ v, keys [n, d] (transpose_b) or [d, n]; causal:
-    # the 5 rows the last of 7 positions, with a bias broadcast over the heads (and NaN
-    # probabilities as 0)
+    # softmax(q @ k^T * scale [+ bias]) @ v, keys [n, d] (transpose_b) or [d, n] (one
+    # key/value head read by a group's 2 query heads); causal: the 5 rows the last of 7
+    # positions, with a bias broadcast over the heads (and NaN probabilities as 0)
     "attention_tiled": [OpCase((f32(2, 5, 4), f32(2, 6, 4), f32(2, 6, 3)),
                                {"transpose_b": True, "scale": 0.5}),
-                        OpCase((f32(1, 3, 4), f32(1, 4, 7), f32(1, 7, 2))),
+                        OpCase((f32(1, 2, 3, 4), f32(1, 1, 4, 7), f32(1, 1, 7, 2))),
                         OpCase((f32(2, 5, 4), f32(2, 7, 4), f32(2, 7, 3), f32(1, 5, 7)),
                                {"transpose_b": True, "causal": True, "zero_nan": True})],
     # the reference rounds the softmax's output to bfloat16, the te compute does not

@@ -6,7 +6,9 @@ blocks of query rows (kiln.kernels.gemm.attention_blocks), written by the
 
 Operands: `q` `[*batch, m, d]`, `k` `[*batch, n, d]` (attribute `transpose_b`, the
 keys as exporters leave them after merge-copies) or `[*batch, d, n]`, `v`
-`[*batch, n, dv]`, the batch dims equal; result `[*batch, m, dv]`. Attribute `scale`:
+`[*batch, n, dv]`, each batch dim of `k` and `v` 1 or `q`'s (broadcast: grouped-query
+attention's `[b, groups, 1, n, d]` keys read by the `[b, groups, rep, m, d]` query heads
+of each group, kiln.transform.grouped_heads); result `[*batch, m, dv]`. Attribute `scale`:
 the scores' scalar factor (float32, 1.0 when there was none). `bias` (optional): a
 float32 tensor added to the scaled (and causally masked) scores, of their rank, each
 dim 1 (broadcast) or theirs: an attention mask computed from the graph's inputs (a
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir.shape_expr import dims_equal
 from kiln.ir.tensor import PrimExpr, intrin, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
@@ -55,14 +58,21 @@ def attention_dims(shapes: Sequence[Sequence[Any]], attrs: Attrs
         raise IRError(f"{ATTENTION}: q, k and v need one rank >= 2, got {q}, {k}, {v}")
     n, d = (k[-2], k[-1]) if attrs.get("transpose_b") else (k[-1], k[-2])
     batch = q[:-2]
-    if k[:-2] != batch or v[:-2] != batch:
+    if not (_broadcasts(k[:-2], batch) and _broadcasts(v[:-2], batch)):
         raise IRError(f"{ATTENTION}: batch dims differ: {q}, {k}, {v}")
-    if q[-1] != d or v[-2] != n:
+    if dims_equal(q[-1], d) is not True or dims_equal(v[-2], n) is not True:
         raise IRError(f"{ATTENTION}: inner dimensions differ: q {q}, k {k} "
                       f"(transpose_b={bool(attrs.get('transpose_b'))}), v {v}")
     if attrs.get("causal") and isinstance(n, int) and isinstance(q[-2], int) and n < q[-2]:
         raise IRError(f"{ATTENTION}: causal attention needs keys >= query rows, got {q}, {k}")
     return batch, q[-2], n, d, v[-1]
+
+
+def _broadcasts(dims: Sequence[Any], batch: Sequence[Any]) -> bool:
+    """Whether `dims` (a key or value operand's batch dims) are each 1 or `batch`'s."""
+    return len(dims) == len(batch) and all(
+        (isinstance(x, int) and x == 1) or dims_equal(x, b) is True
+        for x, b in zip(dims, batch))
 
 
 def sees(row: Any, key: Any, m: int, n: int) -> Any:
@@ -81,7 +91,7 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     if len(types) == 4:
         scores = (*batch, m, n)
         bias = tuple(types[3].shape)
-        if len(bias) != len(scores) or any(b not in (1, s) for b, s in zip(bias, scores)):
+        if not _broadcasts(bias, scores):
             raise IRError(f"{ATTENTION}: bias {bias} does not broadcast to the scores {scores}")
     return TensorType((*batch, m, dv), "float32")
 
@@ -93,7 +103,7 @@ def zero_nan(p: PrimExpr) -> PrimExpr:
 
 def bias_index(idx: Sequence[Any], shape: Sequence[Any]) -> tuple[Any, ...]:
     """The bias element of the scores' element `idx`: index 0 along its dims of 1."""
-    return tuple(0 if d == 1 else i for i, d in zip(idx, shape))
+    return tuple(0 if isinstance(d, int) and d == 1 else i for i, d in zip(idx, shape))
 
 
 def _materialized(t: te.Tensor, name: str) -> te.Tensor:
@@ -108,12 +118,12 @@ def _scores(q: te.Tensor, k: te.Tensor, bias: te.Tensor | None, attrs: Attrs) ->
     product = matmul_compute([q, k], {"transpose_b": attrs.get("transpose_b")})
     assert product.fcompute is not None
     f, c = product.fcompute, float(np.float32(attrs.get("scale", 1.0)))
-    m, n = (int(x) for x in product.shape[-2:])
+    m, n = product.shape[-2:]
 
     def scaled(*i: PrimExpr) -> PrimExpr:
         x = f(*i) * c
         if attrs.get("causal"):
-            x = select(sees(i[-2], i[-1], m, n), x, MASKED_SCORE)
+            x = select(sees(i[-2], i[-1], int(m), int(n)), x, MASKED_SCORE)
         return x if bias is None else x + bias[bias_index(i, bias.shape)]
 
     return te.compute(product.shape, scaled, product.dtype, "scores", materialize=True)

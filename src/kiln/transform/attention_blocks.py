@@ -16,17 +16,22 @@ more. The pass rewrites it to `attention_tiled(q, k, v)` (`attention_tiled_bf16`
 kiln.ops.attention_blocks; `causal` when a causal mask was taken: the kernel then does
 no work above the diagonal; the operand `bias` for an added mask; `zero_nan` for NaN
 probabilities as zeros) when each link is
-read only by the next, the batch dims are equal and static, there is more than one
-query row, and the scores exceed an eighth of the target's L2 cache (`ISA.l2_bytes`,
-`SCORES_L2_FRACTION`): the kernel then computes a block of query rows at a time with
-its scores in cache (kiln.kernels.gemm.attention_blocks). Scores within L2 stay in
+read only by the next, the keys' and values' batch dims are the queries' or 1
+(grouped-query attention's heads, between the reshapes of
+kiln.transform.attention_heads), and either the scores are static, of more than one
+query row, and exceed an eighth of the target's L2 cache (`ISA.l2_bytes`,
+`SCORES_L2_FRACTION`), or they are float32 of symbolic shape (an export's dynamic
+batch, sequence and cache axes: the sizes are not known, and the kernel's blocks of one
+register tile of rows keep them in cache at any length): the kernel then computes a
+block of query rows at a time with its scores in cache
+(kiln.kernels.gemm.attention_blocks). Scores within L2 stay in
 cache in the three kernels too, but those run five parallel loops (the run-time
 packing of K and V, both products' tiles, the softmax) where the blocked kernel runs
 three, and each is a hand-off to the thread
 pool and a wait for its last thread: at two threads the blocked kernel is the faster
-for BERT-base's 12 x 128 x 128 scores (786 KB; docs/performance.md). A decode step's
-one query row, and scores of a few microseconds' work (short sequences), keep the three
-kernels, whose loops go parallel only when worth it. The pass runs after
+for BERT-base's 12 x 128 x 128 scores (786 KB; docs/performance.md). A static decode
+step's one query row, and scores of a few microseconds' work (short sequences), keep
+the three kernels, whose loops go parallel only when worth it. The pass runs after
 `block-matmuls` (whose `matmul_tiled` it reads: targets without the GEMM kernels keep
 `matmul`) and before `fuse-ops`.
 """
@@ -49,6 +54,7 @@ from kiln.ops.attention_blocks import ATTENTION, ATTENTION_BF16
 from kiln.ops.gemm import TILED
 from kiln.ops.gemm_bf16 import TILED_BF16
 from kiln.target.isa import ISA
+from kiln.transform.attention_heads import grouped_bias, merged_heads, split_heads
 from kiln.transform.attention_masks import attention_bias, causal_scores
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import FunctionPass
@@ -75,17 +81,17 @@ class BlockAttention(FunctionPass):
         items = list(func.bindings)
         uses = var_use_counts(func)
         defs: Defs = {b.var: b.value for b in items}
-        replaced: dict[g.Var, g.Call] = {}
+        replaced: dict[g.Var, list[g.Binding]] = {}
         dropped: set[g.Var] = set()
         for b in items:
-            found = _attention(b.value, defs, uses, isa)
+            found = _attention(b, defs, uses, isa)
             if found is not None:
                 replaced[b.var], chain = found
                 dropped.update(chain)
         if not replaced:
             return func
-        bindings = tuple(g.Binding(b.var, replaced.get(b.var, b.value))
-                         for b in items if b.var not in dropped)
+        bindings = tuple(x for b in items if b.var not in dropped
+                         for x in replaced.get(b.var, [b]))
         return g.Function(func.params, bindings, func.result, dict(func.attrs))
 
 
@@ -120,20 +126,26 @@ def _scale(x: g.Expr, defs: Defs, uses: Any) -> tuple[g.Expr, float, list[g.Var]
     return s, factor, [x]
 
 
-def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
-               ) -> tuple[g.Call, list[g.Var]] | None:
-    """The `attention_tiled` call replacing the product `value` and the vars of the chain
-    it takes over, or None when `value` ends no chain the kernel takes."""
+def _attention(binding: g.Binding, defs: Defs, uses: Any, isa: ISA
+               ) -> tuple[list[g.Binding], list[g.Var]] | None:
+    """The bindings replacing the product `binding` (an `attention_tiled` call, after a
+    view of its bias) and the vars of the chain it takes over, or None when the product
+    ends no chain the kernel takes."""
+    value = binding.value
     if not (isinstance(value, g.Call) and value.op in _FUSED and len(value.args) == 2
             and not value.attrs.get("transpose_b")):
         return None
     probs, v = value.args
     through: list[g.Var] = []
-    same = _read_once(probs, defs, uses, "cast")
-    if same is not None and same.attrs.get("dtype") == "float32":
-        # torch's GPT-2 export casts the probabilities to their own dtype
+    grouped = split_heads(probs, defs, uses)  # grouped-query heads (attention_heads)
+    if grouped is not None:
         assert isinstance(probs, g.Var)
-        through, probs = [probs], same.args[0]
+        through, probs = [probs], grouped
+    while (same := _read_once(probs, defs, uses, "cast")) is not None \
+            and same.attrs.get("dtype") == "float32":
+        # torch's exports cast the probabilities to their own dtype (Llama's twice)
+        assert isinstance(probs, g.Var)
+        through, probs = [*through, probs], same.args[0]
     softmax: g.Call | None
     nan_zeroed = _nan_zeroed(probs, defs, uses)
     if nan_zeroed is not None:
@@ -161,10 +173,26 @@ def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
         return None
     scores, factor, scaled_through = scaled
     through = [*through, *scaled_through]
+    if grouped is not None:
+        s5 = merged_heads(scores, defs, uses)
+        if s5 is None:
+            return None
+        assert isinstance(scores, g.Var)
+        through, scores = [*through, scores], s5
     product = _read_once(scores, defs, uses, value.op)
-    if product is None or not _worth_blocking(st, isa):
+    if product is None or not _worth_blocking(st, value.op, isa):
         return None
+    views: list[g.Binding] = []
+    if grouped is not None and bias is not None:
+        st5 = scores.type
+        assert isinstance(st5, TensorType)
+        view = grouped_bias(bias, st5, f"{binding.var.name}_bias")
+        if view is None:
+            return None
+        bias, views = view[0], [view[1]]
     q, k = product.args
+    if not _head_widths_static(q, v, st):
+        return None
     attrs: dict[str, Any] = {"scale": factor}
     if product.attrs.get("transpose_b"):
         attrs["transpose_b"] = True
@@ -179,7 +207,7 @@ def _attention(value: Any, defs: Defs, uses: Any, isa: ISA
     if out.ret_type != value.ret_type:
         return None
     assert isinstance(probs, g.Var) and isinstance(scores, g.Var)
-    return out, [probs, scores, *through]
+    return [*views, g.Binding(binding.var, out)], [probs, scores, *through]
 
 
 def _nan_zeroed(x: g.Expr, defs: Defs, uses: Any
@@ -203,10 +231,22 @@ def _nan_zeroed(x: g.Expr, defs: Defs, uses: Any
     return p, softmax, [x, cond]
 
 
-def _worth_blocking(scores: TensorType, isa: ISA) -> bool:
-    """Whether static float32 scores of this type, of more than one query row, exceed
-    `1 / SCORES_L2_FRACTION` of the L2 cache."""
-    if scores.dtype != "float32" or not all(isinstance(d, int) for d in scores.shape):
+def _head_widths_static(q: g.Expr, v: g.Expr, scores: TensorType) -> bool:
+    """Whether the kernel takes these operands: static head widths where the scores
+    are symbolic (its register tiles run over them)."""
+    if all(isinstance(d, int) for d in scores.shape):
+        return True
+    widths = [getattr(x.type, "shape", (None,))[-1] for x in (q, v)]
+    return all(isinstance(w, int) for w in widths)
+
+
+def _worth_blocking(scores: TensorType, op: str, isa: ISA) -> bool:
+    """Whether float32 scores of this type take the blocked kernel of the products'
+    `op`: static ones of more than one query row exceeding `1 / SCORES_L2_FRACTION` of
+    the L2 cache; symbolic ones (an export's dynamic axes) on the float32 kernel."""
+    if scores.dtype != "float32":
         return False
+    if not all(isinstance(d, int) for d in scores.shape):
+        return op == TILED and isa.l2_bytes > 0
     shape = [int(cast(int, d)) for d in scores.shape]
     return 0 < isa.l2_bytes < SCORES_L2_FRACTION * 4 * math.prod(shape) and shape[-2] > 1

@@ -30,6 +30,7 @@ from typing import Any, cast
 import numpy as np
 
 from kiln.ir import graph as g
+from kiln.ir.shape_expr import dims_equal
 from kiln.ir.types import TensorType
 from kiln.ops.attention_blocks import sees
 
@@ -105,19 +106,20 @@ def _masks(mask: np.ndarray | None, seen: np.ndarray, keeps: Any, drops: Any) ->
 def attention_bias(x: g.Expr, defs: dict[g.Var, Any], uses: Any
                    ) -> tuple[g.Expr, g.Expr, list[g.Var]] | None:
     """(the scores, the bias, [x]) when `x`, read once, is `add` of float32 scores of
-    static shape and a float32 tensor of their rank broadcast to them (each dim 1 or
-    theirs); None otherwise."""
+    static or symbolic shape and a float32 tensor of their rank broadcast to them (each
+    dim 1 or theirs); None otherwise."""
     value = defs.get(x) if isinstance(x, g.Var) else None
     if not (isinstance(value, g.Call) and uses[x] == 1 and value.op == "add"):
         return None
     t = value.ret_type
-    if not (isinstance(t, TensorType) and t.dtype == "float32"
-            and all(isinstance(d, int) for d in t.shape)):
+    if not (isinstance(t, TensorType) and t.dtype == "float32"):
         return None
     assert isinstance(x, g.Var)
     for scores, bias in (value.args, value.args[::-1]):
         bt = getattr(bias, "type", None)
         if _typed(scores, t) and isinstance(bt, TensorType) and bt.dtype == "float32" \
-                and bt.ndim == t.ndim and all(b in (1, s) for b, s in zip(bt.shape, t.shape)):
+                and bt.ndim == t.ndim and all((isinstance(b, int) and b == 1)
+                                              or dims_equal(b, s) is True
+                                              for b, s in zip(bt.shape, t.shape)):
             return scores, bias, [x]
     return None

@@ -30,6 +30,11 @@ are skipped. For GPT-2's 128 x 128 scores a half of both products and the softma
 An attention mask computed from the inputs (`bias`, broadcast over the scores) is added
 as the softmax reads each score; `zero_nan` zeroes NaN probabilities as P @ V reads them.
 
+The keys' and values' batch dims of 1 broadcast (grouped-query attention: a group's
+one key/value head read by each of its query heads, packed once per group). Float32
+calls also take symbolic batch, query rows and keys (an export's dynamic axes): the
+blocks are then one register tile of rows, a workspace of `mr x n` scores.
+
 A block's workspace is sized to stay in the L2 cache (`ISA.l2_bytes`) with the keys and
 values of its head, so the scores are written and read back in cache: the unfused
 kernels move the whole score tensor through memory three times (for the Whisper
@@ -45,10 +50,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from kiln.ir.attrs import ATTR_GEMM_KERNEL
 from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.shape_expr import dim_product
 from kiln.ir.tensor import (
     DOT2_BF16,
     Allocate,
@@ -71,6 +77,7 @@ from kiln.ir.tensor import (
 from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.gemm.bf16_tiled import ActivationB, pack_b_bf16_at_run_time
 from kiln.kernels.gemm.families import choose_tile
+from kiln.kernels.gemm.knobs import GemmTiling
 from kiln.kernels.gemm.lowering import GemmLowering
 from kiln.kernels.gemm.micro_kernel import register_tile, unflatten
 from kiln.kernels.gemm.run_time_pack import pack_b_at_run_time
@@ -86,6 +93,7 @@ from kiln.ops.attention_blocks import (
     bias_index,
     zero_nan,
 )
+from kiln.ops.broadcast import broadcast_index
 from kiln.ops.gemm_bf16 import PAIR_BLOCK, PAIR_STRIDE
 from kiln.target.isa import ISA
 
@@ -117,13 +125,14 @@ TileStore = Callable[[int, PrimExpr, PrimExpr], Stmt]
 class Product:
     """One of the two products as a row tile runs it: `k` steps of the sum, `columns`
     output columns in panels of `nr`, B's value at (batch index, panel, k, lane) for
-    float32 tiles, or B's bfloat16 words (flat batch index, panel, word, lane) and
-    their count per panel for bfloat16 tiles. `k_used` and `columns_used`: the steps
+    float32 tiles, or B's bfloat16 words ((flat batch index, batch index), panel, word,
+    lane) and their count per panel for bfloat16 tiles (`k` and `columns` symbolic
+    for float32 ones). `k_used` and `columns_used`: the steps
     and columns a causal tile runs (whole panels, whole pairs of words), all when
     None."""
 
-    k: int
-    columns: int
+    k: int | PrimExpr
+    columns: int | PrimExpr
     b_at: Callable[..., PrimExpr]
     words: int = 0
     k_used: PrimExpr | None = None
@@ -167,16 +176,19 @@ class AttentionLowering(GemmLowering):
     """The kernel of `attention_tiled` (float32) or `attention_tiled_bf16` calls (a
     kiln.kernels.lowering.Lowering) for static float32 operands."""
 
-    supports_symbolic: bool = False
+    supports_symbolic: bool = True
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
                     attrs: Mapping[str, Any], anchor: te.Tensor | None,
                     result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
-        """The blocked attention kernel; None for a fused chain or symbolic shapes."""
+        """The blocked attention kernel; None for a fused chain, or symbolic shapes where
+        the kernel takes static ones only (bfloat16, causal, the head widths)."""
         bf16 = self.op == ATTENTION_BF16
         if anchor is not None or result is not None or len(args) not in (3, 4):
             return None
-        if not all(isinstance(d, int) for t in args for d in t.shape):
+        if not all(isinstance(d, int) for t in args for d in t.shape) and (
+                bf16 or attrs.get("causal") or not all(
+                    isinstance(d, int) for t in args[:3] for d in t.shape[-1:])):
             return None
         if bf16 and tile_lanes(isa) != 16:
             return None  # dot2_bf16 computes 16 lanes
@@ -194,31 +206,49 @@ class AttentionLowering(GemmLowering):
 
 def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
     """The statements computing `out = softmax(q @ k^T * scale) @ v` (module docstring)."""
-    batch, m, n, d, dv = ops.dims
-    heads = 1
-    for x in batch:
-        heads *= x
+    _, m, n, _, _ = ops.dims
     tile = choose_tile(m, n, isa)  # Q @ K^T's, the larger product; P @ V takes it too
+    if isinstance(m, int) or tile.mr == 1:
+        return _blocks(ops, bf16, tile, isa)
+    # symbolic rows: a decode step's one query row runs one-row tiles (the products' own
+    # for one row), not `mr` copies of itself
+    return IfThenElse(compare("eq", as_expr(m, INDEX_DTYPE), const(1)),
+                      _blocks(ops, bf16, choose_tile(1, n, isa), isa),
+                      _blocks(ops, bf16, tile, isa))
+
+
+def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
+    """`attention_body` by register tiles of `tile`."""
+    batch, m, n, d, dv = ops.dims
+    heads = dim_product(batch)
     mr, nr = tile.mr, tile.nr
-    rows = block_rows(m, n, mr, isa.l2_bytes)
-    blocks = -(-m // rows)
+    static = isinstance(m, int) and isinstance(n, int)
+    # symbolic sizes: blocks of one row tile, whose scores fit L2 up to long contexts
+    rows = block_rows(m, n, mr, isa.l2_bytes) if static else mr
+    blocks = (as_expr(m, INDEX_DTYPE) + (rows - 1)) // rows if not static else -(-m // rows)
+    k_batch, v_batch = tuple(ops.k.shape[:-2]), tuple(ops.v.shape[:-2])
     if bf16:
         pack_k, keys, words_d, _ = pack_b_bf16_at_run_time(
-            ActivationB(ops.k, batch, d, n, ops.transpose_b), nr, isa=isa)
+            ActivationB(ops.k, k_batch, d, n, ops.transpose_b), nr, isa=isa)
         pack_v, values, words_n, _ = pack_b_bf16_at_run_time(
-            ActivationB(ops.v, batch, n, dv, False), nr, isa=isa)
+            ActivationB(ops.v, v_batch, n, dv, False), nr, isa=isa)
         packing = [*pack_k, *pack_v]
-        qk, pv = Product(d, n, keys, words_d), Product(n, dv, values, words_n)
+        qk = Product(d, n, _words_at(keys, k_batch, batch), words_d)
+        pv = Product(n, dv, _words_at(values, v_batch, batch), words_n)
         row_tile: Callable[..., Stmt] = _bf16_row_tile
     else:
-        packing, key_at = pack_b_at_run_time(ops.k, batch, d, n, nr, ops.transpose_b, isa=isa)
-        # a partial last panel reads V's last column again past dv (not stored)
+        packing, key_at = pack_b_at_run_time(ops.k, k_batch, d, n, nr, ops.transpose_b,
+                                             isa=isa)
+        # a partial last panel reads V's last column again past dv (not stored); V's
+        # batch dims of 1 (a group's heads) broadcast
         qk = Product(d, n, key_at)
         pv = Product(n, dv, lambda bidx, p, kk, lane: ops.v[(
-            *bidx, kk, p * nr + lane if dv % nr == 0 else min_(p * nr + lane, dv - 1))])
+            *broadcast_index(bidx, v_batch), kk,
+            p * nr + lane if dv % nr == 0 else min_(p * nr + lane, dv - 1))])
         row_tile = _f32_row_tile
     factor = as_expr(ops.scale, F32)
-    lanes = min(tile_lanes(isa), n)
+    lanes = min(tile_lanes(isa), n) if isinstance(n, int) else tile_lanes(isa)
+    last_row = as_expr(m, INDEX_DTYPE) - 1
     # a causal tile's columns come in whole panels (and, for bf16, whole pairs of words)
     grain = math.lcm(nr, PAIR_BLOCK) if bf16 else nr
 
@@ -237,7 +267,7 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
 
         def scores_tile(t: Var) -> Stmt:
             def a_at(r: PrimExpr, kk: PrimExpr) -> PrimExpr:  # rows past m repeat the last one
-                return ops.q[(*bidx, min_(first + t * mr + r, m - 1), kk)]
+                return ops.q[(*bidx, min_(first + t * mr + r, last_row), kk)]
 
             def store(r: int, col: PrimExpr, x: PrimExpr) -> Stmt:
                 return Store(scores, x * factor, (t * mr + r, col))
@@ -256,7 +286,7 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
             def read(j: PrimExpr) -> PrimExpr:  # the bias joins as the softmax reads
                 if ops.bias is None:
                     return scores[r, j]
-                row = min_(first + r, m - 1)  # rows past m repeat the last one
+                row = min_(first + r, last_row)  # rows past m repeat the last one
                 return scores[r, j] + ops.bias[bias_index((*bidx, row, j), ops.bias.shape)]
 
             columns = seen(r // mr)
@@ -273,7 +303,7 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
         def out_tile(t: Var) -> Stmt:
             def store(r: int, col: PrimExpr, x: PrimExpr) -> Stmt:
                 row = first + t * mr + r
-                return IfThenElse(compare("lt", row, const(m)),
+                return IfThenElse(compare("lt", row, as_expr(m, INDEX_DTYPE)),
                                   Store(ops.out, x, (*bidx, row, col)))
 
             def probs(r: PrimExpr, kk: PrimExpr) -> PrimExpr:
@@ -287,7 +317,26 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
                    loop("t", rows // mr, scores_tile), loop("r", rows, softmax),
                    loop("t", rows // mr, out_tile))
 
-    return seq(*packing, parallel_tiles((heads, blocks), block))
+    return seq(*packing, parallel_tiles(cast(Sequence[int], (heads, blocks)), block))
+
+
+def _words_at(read: Callable[..., PrimExpr], dims: tuple[Any, ...], batch: tuple[Any, ...]
+              ) -> Callable[..., PrimExpr]:
+    """The reader of bfloat16 panels packed per batch entry of `dims` (the keys' or the
+    values'), indexed by a row tile's (flat batch index, batch index) over `batch`: its
+    dims of 1 broadcast (a group's heads read their group's panels)."""
+    if dims == batch:
+        return lambda at, p, w, v: read(at[0], p, w, v)
+
+    def at_entry(at: tuple[PrimExpr, Tile], p: PrimExpr, w: PrimExpr, v: PrimExpr
+                 ) -> PrimExpr:
+        flat: PrimExpr = const(0)
+        for i, d in zip(broadcast_index(at[1], dims), dims):
+            if not isinstance(d, int) or d > 1:
+                flat = flat * d + as_expr(i, INDEX_DTYPE)
+        return read(flat, p, w, v)
+
+    return at_entry
 
 
 def _masked_past(scores: Buffer, r: PrimExpr, start: PrimExpr, columns: PrimExpr) -> Stmt:
@@ -321,13 +370,14 @@ def _bf16_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int
     bfloat16 words once (`k` zero-padded to whole blocks, paired as the panels are,
     kiln.ops.gemm_bf16), then per panel a tile of `dot2_bf16` sums. A causal tile's
     `k_used` steps are whole blocks of pairs but for the last block of all."""
+    assert isinstance(product.k, int)  # the bfloat16 kernel takes static shapes only
+    k = product.k
     words: PrimExpr | int = product.words
     abuf = Buffer("a_bf16", (mr, product.words), "int32", "local")
     zero = as_expr(0.0, F32)
 
     def a_padded(r: PrimExpr, kk: PrimExpr) -> PrimExpr:
-        return select(compare("lt", kk, const(product.k)), a_at(r, min_(kk, product.k - 1)),
-                      zero)
+        return select(compare("lt", kk, const(k)), a_at(r, min_(kk, k - 1)), zero)
 
     def pairs(r: PrimExpr, blk: PrimExpr, a: ARows) -> Stmt:
         def pair(j: PrimExpr) -> Stmt:
@@ -340,7 +390,7 @@ def _bf16_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int
     # whole blocks read A as it is (contiguous vector loads); only a last block that
     # `k` ends inside is padded, whose clamped reads would be gathers. One loop over
     # the rows: the conversion is in the IR once, not once per row.
-    whole, padded = divmod(product.k, PAIR_BLOCK)
+    whole, padded = divmod(k, PAIR_BLOCK)
     used: PrimExpr | int = whole
     k_used = product.k_used
 
@@ -350,7 +400,7 @@ def _bf16_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int
         last = pairs(r, const(whole), a_padded)
         # a causal tile's steps end in the padded block only when they are all of K
         return [last if k_used is None else
-                IfThenElse(compare("eq", k_used, const(product.k)), last)]
+                IfThenElse(compare("eq", k_used, const(k)), last)]
 
     if k_used is not None:
         used = min_(k_used // PAIR_BLOCK, whole)
@@ -367,7 +417,7 @@ def _bf16_row_tile(product: Product, at: tuple[PrimExpr, Tile], mr: int, nr: int
 
         def lane_sums(lane: PrimExpr) -> Stmt:
             bv = Var("b", "int32")
-            return seq(LetStmt(bv, product.b_at(at[0], p, w, lane)), *(
+            return seq(LetStmt(bv, product.b_at(at, p, w, lane)), *(
                 Store(acc, Intrin(DOT2_BF16, (acc[const(r), lane], xs[r], bv)),
                       (const(r), lane)) for r in range(mr)))
 
@@ -386,11 +436,12 @@ def _row_store(store: TileStore, r: int, panel: Var, nr: int, acc: Buffer
     return lambda lane: store(r, panel * nr + lane, acc[const(r), lane])
 
 
-def _stores(store: Callable[[PrimExpr], Stmt], nr: int, columns: int, panel: Var) -> Stmt:
+def _stores(store: Callable[[PrimExpr], Stmt], nr: int, columns: int | PrimExpr,
+            panel: Var) -> Stmt:
     """`store(lane)` for the `nr` lanes of a tile row in `panel`, only those under
     `columns` in the last panel when `nr` does not divide `columns`."""
     whole = lanes_loop("v", nr, store)
-    if columns % nr == 0:
+    if isinstance(columns, int) and columns % nr == 0:
         return whole
     width = as_expr(columns, INDEX_DTYPE) - panel * nr
     lane = Var("v", INDEX_DTYPE)
