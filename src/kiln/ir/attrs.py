@@ -68,6 +68,11 @@ ATTR_BINDS_DIMS: Final = "kiln.binds_dims"
 # dimensions; places: the `(result, axis)` pairs whose extent it is). The function
 # takes one more int64 buffer after its results, into which it writes their values.
 ATTR_RUNTIME_DIMS: Final = "kiln.runtime_dims"
+# On a kernel that takes a size of its arguments at run time (a 1x1 convolution's input
+# channel count, kiln.kernels.conv.run_time_width): one `(name, param, axis)` triple per
+# dimension scalar its callers pass as the static extent of axis `axis` of their
+# argument for buffer parameter `param`, not as a dimension of their own.
+ATTR_ARG_DIMS: Final = "kiln.arg_dims"
 
 # Set by a kernel builder whose vector code is all explicit (`vector` loops over a register
 # tile, kiln.kernels): the LLVM backend keeps LLVM's SLP vectorizer off the kernel and
@@ -120,8 +125,9 @@ ATTR_QLINEAR_CONCAT: Final = "kiln.qlinear_concat"  # "runs": the int8 concat by
 KILN_ATTRS: Final = frozenset({
     ATTR_PRIVATE, ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_TUPLE_RESULT, ATTR_OUTPUT_NAMES,
     ATTR_WORKSPACE_BYTES, ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR, ATTR_EXTERNAL, ATTR_DIM_BOUNDS,
-    ATTR_BINDS_DIMS, ATTR_RUNTIME_DIMS, ATTR_CONCAT_AXIS, ATTR_NO_SLP, ATTR_TERMINATE_FLAG,
-    ATTR_CHECK_MESSAGES, ATTR_SOURCE_NODE, ATTR_CONV_KERNEL, ATTR_GEMM_KERNEL, ATTR_POOL_KERNEL,
-    ATTR_ROW_KERNEL, ATTR_CHANNEL_SCALE, ATTR_QLINEAR_ADD, ATTR_QLINEAR_CONCAT,
+    ATTR_BINDS_DIMS, ATTR_RUNTIME_DIMS, ATTR_ARG_DIMS, ATTR_CONCAT_AXIS, ATTR_NO_SLP,
+    ATTR_TERMINATE_FLAG, ATTR_CHECK_MESSAGES, ATTR_SOURCE_NODE, ATTR_CONV_KERNEL,
+    ATTR_GEMM_KERNEL, ATTR_POOL_KERNEL, ATTR_ROW_KERNEL, ATTR_CHANNEL_SCALE, ATTR_QLINEAR_ADD,
+    ATTR_QLINEAR_CONCAT,
 })
 """Every attribute key kiln sets itself."""

@@ -108,7 +108,7 @@ from kiln.ir._interp_runtime import (
     round16,
     round_bf16,
 )
-from kiln.ir.attrs import ATTR_BINDS_DIMS
+from kiln.ir.attrs import ATTR_ARG_DIMS, ATTR_BINDS_DIMS
 from kiln.ir.kernel_errors import ERROR_LOOP_SCAN, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import dim_vars, to_dim_expr
@@ -465,8 +465,13 @@ class _GraphRunner:
             outs.append(alloc(math.prod(shape), np_dtype(ty.dtype)).reshape(shape))
         ins = [_contiguous(a) if isinstance(a, np.ndarray) else a for a in args]
         # A kernel with symbolic shapes takes its dimensions as trailing int64 scalars,
-        # named as the caller's dimension variables (docs/ir.md).
-        dims = [self.shapes.by_name(fname, p.name)
+        # named as the caller's dimension variables, or sizes of its arguments
+        # (`ATTR_ARG_DIMS`) (docs/ir.md).
+        of_args = {name: (param, axis) for name, param, axis
+                   in callee.attrs.get(ATTR_ARG_DIMS, ())}
+        buffers = [*ins, *outs]
+        dims = [int(np.shape(buffers[of_args[p.name][0]])[of_args[p.name][1]])
+                if p.name in of_args else self.shapes.by_name(fname, p.name)
                 for p in callee.params[len(ins) + len(outs):] if isinstance(p, t.Var)]
         _run_prim(self.mod, e.func, callee, [*ins, *outs, *dims])
         return tuple(outs) if isinstance(e.ret_type, TupleType) else outs[0]

@@ -30,7 +30,7 @@ from kiln.ir.tensor import (
     Select,
     Stmt,
     Var,
-    const,
+    as_expr,
 )
 
 #: The cache line the prefetches step by: x86-64's and most Arm cores' (a core with
@@ -38,8 +38,8 @@ from kiln.ir.tensor import (
 LINE_BYTES = 64
 
 
-def flat_index(shape: tuple[int, ...], indices: tuple[PrimExpr, ...]) -> PrimExpr:
-    """The row-major flat offset of `indices` in a buffer of static `shape`."""
+def flat_index(shape: tuple[int | PrimExpr, ...], indices: tuple[PrimExpr, ...]) -> PrimExpr:
+    """The row-major flat offset of `indices` in a buffer of `shape`."""
     flat: PrimExpr = indices[0]
     for extent, index in zip(shape[1:], indices[1:]):
         flat = flat * extent + index
@@ -48,7 +48,8 @@ def flat_index(shape: tuple[int, ...], indices: tuple[PrimExpr, ...]) -> PrimExp
 
 @dataclass
 class WeightPrefetch:
-    """Prefetches of `weights` (static shape) `ahead` elements on from what a tile reads.
+    """Prefetches of `weights` `ahead` elements on from what a tile reads (a size of the
+    weights and `ahead` may be run-time ones: kiln.kernels.conv.run_time_width).
 
     `start(origin, span)` binds, at the head of a tile whose reads begin at element
     index `origin` and cover `span` elements, the base of its prefetches; `at(offset,
@@ -57,22 +58,26 @@ class WeightPrefetch:
     kernel, outside the parallel loop."""
 
     weights: Buffer
-    ahead: int
+    ahead: int | PrimExpr
     view: Buffer = field(init=False)
     decls: list[Stmt] = field(init=False)
     base: Var = field(init=False)
 
     def __post_init__(self) -> None:
-        size = self.weights.numel()
-        self.view = Buffer(f"{self.weights.name}_pf", (size,), self.weights.dtype)
+        self.view = Buffer(f"{self.weights.name}_pf", (self._size(),), self.weights.dtype)
         self.decls = [DeclBuffer(self.view, self.weights, 0)]
         self.base = Var("pf_base", INDEX_DTYPE)
 
-    def start(self, origin: tuple[PrimExpr, ...], span: int) -> Stmt:
-        size = self.weights.numel()
-        first = flat_index(tuple(int(d) for d in self.weights.shape), origin)
+    def _size(self) -> int | PrimExpr:
+        size: int | PrimExpr = 1
+        for d in self.weights.shape:
+            size = size * d
+        return size
+
+    def start(self, origin: tuple[PrimExpr, ...], span: int | PrimExpr) -> Stmt:
+        first = flat_index(tuple(self.weights.shape), origin)
         # the last unit's tiles prefetch their own weights: every address in bounds
-        fits = first + (self.ahead + span) <= const(size)
+        fits = first + (self.ahead + span) <= as_expr(self._size(), INDEX_DTYPE)
         return LetStmt(self.base, Select(fits, first + self.ahead, first))
 
     def at(self, offset: PrimExpr, width: int) -> list[Stmt]:

@@ -261,7 +261,7 @@ def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
                     externals.append(a)
                 refs.append(("ext", ext_index[id(a)]))
         key_parts.append((b.value.op, tuple(b.value.attrs.items()), tuple(refs)))
-    key: Any = (tuple(key_parts), tuple(e.type for e in externals))
+    key: Any = (tuple(key_parts), _operand_key(group, externals, ext_index, isa))
     try:
         hash(key)
     except TypeError:  # an unhashable attribute: do not share
@@ -274,6 +274,37 @@ def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
         cache[key] = name
     last = group[-1]
     return g.Binding(last.var, g.CallTensor(name, tuple(externals), last.var.type))
+
+
+def _operand_key(group: list[g.Binding], externals: list[g.Expr], ext_index: dict[int, int],
+                 isa: ISA) -> Any:
+    """The operands' types, as the group's kernel is built for them: a kernel that takes
+    its input channel count at run time (its lowering's `width_key`,
+    kiln.kernels.conv.run_time_width) is keyed by that key in place of the types of its
+    input and weight, so that layers of every width share it. Not where the group reads
+    either of them elsewhere (those reads would be of the static width)."""
+    types: list[Any] = [e.type for e in externals]
+    anchor = group[_anchor(group)].value
+    assert isinstance(anchor, g.Call)
+    width_key = getattr(lowering_for(anchor.op), "width_key", None)
+    operands = anchor.args[:2]
+    if width_key is None or len(operands) < 2 or any(id(a) not in ext_index for a in operands):
+        return tuple(types)
+    reads = Counter(id(a) for b in group if isinstance(b.value, g.Call) for a in b.value.args)
+    if any(reads[id(a)] != 1 for a in operands):
+        return tuple(types)
+    key = width_key(anchor, isa)
+    if key is None:
+        return tuple(types)
+    for k, a in enumerate(operands):
+        types[ext_index[id(a)]] = ("run-time width", k)
+    return tuple(types), key
+
+
+def _anchor(group: list[g.Binding]) -> int:
+    """The group's op whose kernel takes the rest as its epilogue (`_lower_group`)."""
+    return next((k for k, b in enumerate(group) if isinstance(b.value, g.Call)
+                 and _pattern(b.value.op) not in FUSABLE_TAIL), 0)
 
 
 def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[int, int],
@@ -295,8 +326,7 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
         arguments.append(args)
     # An op with a hand-written kernel may build it with the group as its epilogue (and,
     # for a row op, the elementwise chain before it as its prologue, in its arguments).
-    k = next((k for k, b in enumerate(group) if isinstance(b.value, g.Call)
-              and _pattern(b.value.op) not in FUSABLE_TAIL), 0)
+    k = _anchor(group)
     first = group[k].value
     assert isinstance(first, g.Call)
     lowering = lowering_for(first.op)

@@ -51,6 +51,7 @@ from kiln.errors import CompileError
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.ir.attrs import (
+    ATTR_ARG_DIMS,
     ATTR_BINDS_DIMS,
     ATTR_CHECK_MESSAGES,
     ATTR_GIVEN_OUTPUT_NAMES,
@@ -289,6 +290,7 @@ class GraphAnalyzer:
                 f"{where}: the PrimFunc takes {len(callee.params)} parameters but the call "
                 f"passes {len(inputs)} inputs + {len(outputs)} outputs (and a kernel's "
                 "dimension scalars come last)")
+        sizes = _argument_sizes(callee, args)
         for i, (p, s) in enumerate(zip(params, args)):
             role = "input" if i < len(inputs) else "output"
             if not isinstance(p, t.Buffer):
@@ -302,11 +304,25 @@ class GraphAnalyzer:
                         f"but a kernel binding run-time dimensions takes flat "
                         f"{s.type.dtype} outputs")
                 continue
-            # A kernel's dimension variables are its caller's, by name (docs/ir.md).
-            if shape_text(p.shape) != shape_text(s.type.shape) or p.dtype != s.type.dtype:
+            # A kernel's dimension variables are its caller's, by name (docs/ir.md), but
+            # for the sizes it takes of its arguments
+            shape = tuple(d if isinstance(d, int) else simplify_dim(substitute(d, sizes))
+                          for d in p.shape) if sizes else p.shape
+            if shape_text(shape) != shape_text(s.type.shape) or p.dtype != s.type.dtype:
                 raise CompileError(
                     f"{where}: parameter {i} '{p.name}' is {shape_text(p.shape)} {p.dtype} "
                     f"but the {role} passed is {shape_text(s.type.shape)} {s.type.dtype}")
+
+
+def _argument_sizes(callee: t.PrimFunc, args: list[GraphSlot]) -> dict[t.Var, t.PrimExpr]:
+    """The dimension variables `callee` takes of its arguments (`ATTR_ARG_DIMS`), each
+    the extent of the argument's axis it names."""
+    arg_dims = callee.attrs.get(ATTR_ARG_DIMS, ())
+    if not arg_dims:
+        return {}
+    by_name = {p.name: p for p in callee.params[len(args):] if isinstance(p, t.Var)}
+    return {by_name[name]: t.as_expr(args[param].type.shape[axis], "int64")
+            for name, param, axis in arg_dims if name in by_name}
 
 
 # --------------------------------------------------------------------------- lowering
@@ -550,9 +566,29 @@ def emit_item(item: GraphStep | Region, ctx: EmitContext) -> list[t.Stmt]:
                                          for s in item.inputs + item.outputs]
     callee = ctx.mod.functions[item.func]
     assert isinstance(callee, t.PrimFunc)
-    args += [ctx.dims[p.name] for p in callee.params[len(args):]]
+    args += _dimension_args(callee, item.inputs + item.outputs, ctx.dims, len(args))
     stmts.append(t.CallFunc(item.func, tuple(args)))
     return stmts
+
+
+def _dimension_args(callee: t.PrimFunc, slots: list[GraphSlot], dims: dict[str, t.Var],
+                    given: int) -> list[t.PrimExpr]:
+    """The dimension scalars of a call of `callee` after its `given` buffers: the
+    caller's by name, and where the callee takes a size of an argument at run time
+    (`ATTR_ARG_DIMS`) that argument's static extent."""
+    from_args = {name: (param, axis) for name, param, axis in callee.attrs.get(ATTR_ARG_DIMS, ())}
+    out: list[t.PrimExpr] = []
+    for p in callee.params[given:]:
+        if p.name not in from_args:
+            out.append(dims[p.name])
+            continue
+        param, axis = from_args[p.name]
+        extent = slots[param].type.shape[axis]
+        if not isinstance(extent, int):  # such kernels are shared by static sizes only
+            raise CompileError(f"a kernel takes axis {axis} of its argument {param} "
+                               f"({p.name}) at run time; the call's is symbolic: {extent}")
+        out.append(t.Const(extent, "int64"))
+    return out
 
 
 # --------------------------------------------------------------------------- run-time dims

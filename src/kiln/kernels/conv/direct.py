@@ -5,13 +5,15 @@ vectors of the ISA's float32 lanes (kiln.kernels.conv.blocked.blocked_conv_body)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.errors import IRError
 from kiln.ir import graph as g
+from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
+from kiln.ir.types import TensorType
 from kiln.kernels.conv.blocked import (
     BlockedSchedule,
     Tiling,
@@ -24,10 +26,11 @@ from kiln.kernels.conv.blocked import (
 from kiln.kernels.conv.family import TUNED_WIDTHS, build_conv, packed_call
 from kiln.kernels.conv.ksegments import ConvKBlocking
 from kiln.kernels.conv.padding import padded_image_bytes
+from kiln.kernels.conv.run_time_width import RunTimeWidth
 from kiln.kernels.gemm.knobs import k_unroll
-from kiln.kernels.registry import Family, fits_registers
+from kiln.kernels.registry import KBLOCK, SPLIT, UNROLL, Family, fits_registers
 from kiln.kernels.tiles import Epilogue, tile_lanes, tile_registers
-from kiln.ops.conv_direct import KSEGMENT, TUNED_SEGMENTS
+from kiln.ops.conv_direct import KSEGMENT, TUNED_SEGMENTS, call_conv_shape
 from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.packed_attrs import recorded_tile
 from kiln.target.isa import ISA
@@ -39,18 +42,45 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
     (`KSEGMENT`; 0 unblocked), None the rule's (`choose_k_blocking`); `unroll`: the
     input-channel loop unrolled by it (the call's `unroll`), None the rule's."""
     def body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
-             epilogue: Epilogue, fused: bool, block: int) -> Stmt:
-        tile_w = t[1] if t else blocked_tiling(shape, isa).tile_w
-        tiling = Tiling(cb=int(w.shape[5]), tile_w=tile_w)
-        kblock = choose_k_blocking(shape, tiling, isa) if segment is None else \
-            segment_blocking(tiling, isa, segment)
-        schedule = BlockedSchedule(tiling, fused, block, kblock,
-                                   subsample=subsamples_input(shape, isa), unroll=unroll,
-                                   band=0 if block else band_tiles(shape, tiling, isa),
-                                   prefetch=prefetches_weights(shape, tiling, isa))
-        return blocked_conv_body(shape, x, w, out, schedule, epilogue, isa=isa)
+             epilogue: Epilogue, fused: bool, block: int) -> Stmt | RunTimeWidth:
+        schedule = blocked_schedule(shape, (int(w.shape[5]), *t[1:]), fused, block, isa,
+                                    segment, unroll)
+
+        def nest(shape: ConvShape, x: Buffer, w: Buffer) -> Stmt:
+            return blocked_conv_body(shape, x, w, out, schedule, epilogue, isa=isa)
+
+        if x.ndim == 4 and run_time_width(shape, schedule):
+            return RunTimeWidth(shape, nest)
+        return nest(shape, x, w)
 
     return body
+
+
+def blocked_schedule(shape: ConvShape, tile: tuple[int, ...], fused: bool, block: int,
+                     isa: ISA, segment: int | None = None, unroll: int | None = None
+                     ) -> BlockedSchedule:
+    """The blocked kernel's schedule of a layer of `shape` whose packed weight's channel
+    tile is `tile[0]`, its positions per tile `tile[1]` (absent: the family's,
+    `blocked_tiling`); `segment` and `unroll` as `blocked_body` takes them."""
+    tile_w = tile[1] if len(tile) > 1 else blocked_tiling(shape, isa).tile_w
+    tiling = Tiling(cb=tile[0], tile_w=tile_w)
+    kblock = choose_k_blocking(shape, tiling, isa) if segment is None else \
+        segment_blocking(tiling, isa, segment)
+    return BlockedSchedule(tiling, fused, block, kblock,
+                           subsample=subsamples_input(shape, isa), unroll=unroll,
+                           band=0 if block else band_tiles(shape, tiling, isa),
+                           prefetch=prefetches_weights(shape, tiling, isa))
+
+
+def run_time_width(shape: ConvShape, schedule: BlockedSchedule) -> bool:
+    """Whether the blocked kernel of an NCHW layer of `shape` takes its input channel
+    count at run time (kiln.kernels.conv.run_time_width): an unpadded, ungrouped 1x1
+    layer at stride 1 whose sums are neither K-blocked nor unrolled, the count then only
+    the bound of their loop (and of the weights a prefetch reads)."""
+    return ((shape.kh, shape.kw) == (1, 1) and shape.stride == (1, 1)
+            and not any(shape.pads) and shape.groups == 1 and not schedule.block
+            and schedule.kblock is None and not schedule.band
+            and schedule.unroll in (None, 1))
 
 
 def blocked_tiling(shape: ConvShape, isa: ISA) -> Tiling:
@@ -202,6 +232,10 @@ def band_tiles(shape: ConvShape, tiling: Tiling, isa: ISA) -> int:
     return max(1, rows_out * shape.out_w // min(tiling.tile_w, positions))
 
 
+#: The attributes of a tuned call (kiln.tuning) that change the blocked kernel's loops.
+TUNED_ATTRS = (KSEGMENT, SPLIT, KBLOCK, UNROLL)
+
+
 @dataclass(frozen=True)
 class DirectConv(Family):
     """See the module docstring."""
@@ -241,6 +275,30 @@ class DirectConv(Family):
         return packed_call(self.op, call, pack_blocked_weight(w.data, shape.groups, cb),
                            (cb, tile_w), shape.c_out,
                            lambda o: pack_blocked_origin(o, w.data.shape, shape.groups, cb))
+
+    def width_key(self, call: g.Call, isa: ISA) -> Hashable | None:
+        """What a kernel of `call` that takes its input channel count at run time
+        (`run_time_width`) is built from besides that count (its geometry with the
+        count left out, and its schedule), or None: a kernel of its own. Calls with the
+        same key, fused ops and other operands share one kernel. A tuned call (its
+        tile aside) keeps its own."""
+        if call.op != self.op or any(k in call.attrs for k in TUNED_ATTRS):
+            return None
+        types = [a.type for a in call.args]
+        tensors = [t for t in types if isinstance(t, TensorType) and is_static(t.shape)]
+        if len(tensors) != len(types) or len(tensors[0].shape) != 4:
+            return None
+        shape = call_conv_shape(self.op, tensors, call.attrs)
+        tile = recorded_tile(call.attrs, 2, self.op) or ()
+        if shape is None:
+            return None
+        cb = tensors[1].shape[5]
+        assert isinstance(cb, int)  # static (above)
+        schedule = blocked_schedule(shape, (cb, *tile[1:]), isa.fma, 0, isa)
+        if not run_time_width(shape, schedule):
+            return None
+        # stride 1: the subsampling the rule picks by the input's size does not apply
+        return replace(shape, c_in=0), replace(schedule, subsample=False)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:

@@ -13,8 +13,9 @@ from typing import Any, ClassVar
 
 from kiln.ir import graph as g
 from kiln.ir import weight_origin as wo
-from kiln.ir.attrs import ATTR_CONV_KERNEL, ATTR_NO_SLP
+from kiln.ir.attrs import ATTR_ARG_DIMS, ATTR_CONV_KERNEL, ATTR_NO_SLP
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt
+from kiln.kernels.conv.run_time_width import X_AXIS, RunTimeWidth
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.registry import Family
 from kiln.kernels.tiles import Epilogue
@@ -25,9 +26,9 @@ from kiln.ops.packed_attrs import TILE, recorded_tile
 from kiln.target.isa import ISA
 
 #: The loop nest of one family: (shape, input, weight, output, tile, epilogue, fma,
-#: NCHW{b}c block or 0) -> statement.
+#: NCHW{b}c block or 0) -> statement, or one over a run-time input channel count.
 Body = Callable[[ConvShape, Buffer, Buffer, Buffer, tuple[int, ...], Epilogue, bool, int],
-                Stmt]
+                Stmt | RunTimeWidth]
 
 
 #: Output columns per tile that tuning tries (kiln.tuning), where the registers hold them.
@@ -88,12 +89,20 @@ def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mappi
     epilogue = store.epilogue
     if block and bias is not None:
         epilogue = blocked_bias(epilogue, store.buffers[bias], block)
-    stmt = body(shape, store.buffers[x], store.buffers[w], store.out, tile, epilogue,
-                isa.fma, block)
+    built = body(shape, store.buffers[x], store.buffers[w], store.out, tile, epilogue,
+                 isa.fma, block)
     fattrs: dict[str, Any] = {ATTR_CONV_KERNEL: op}
     if no_slp:
         fattrs[ATTR_NO_SLP] = True
-    return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt, fattrs)
+    buffers = [store.buffers[t] for t in params]
+    if isinstance(built, RunTimeWidth):
+        built, wide = built.build(store.buffers[x], store.buffers[w])
+        if wide is not None:  # the input and weight over the run-time width
+            xs = next(i for i, b in enumerate(buffers) if b is store.buffers[x])
+            ws = next(i for i, b in enumerate(buffers) if b is store.buffers[w])
+            buffers[xs], buffers[ws] = wide.x, wide.w
+            fattrs[ATTR_ARG_DIMS] = ((wide.width.name, xs, X_AXIS),)
+    return PrimFunc((*buffers, store.out), built, fattrs)
 
 
 def blocked_bias(epilogue: Epilogue, bias: Buffer, block: int) -> Epilogue:

@@ -6,7 +6,7 @@ kiln.ops.winograd), registered by op name in kiln.kernels.lowering.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,12 @@ class FamilyLowering:
         if any(t.dtype != "float32" for t in (args[0], args[1], *params)):
             return None
         return build_call(family_of(self.op), params, args, attrs, anchor, result, isa)
+
+    def width_key(self, call: g.Call, isa: ISA) -> Hashable | None:
+        """The family's key of a kernel of `call` taking its input channel count at run
+        time (kiln.kernels.conv.run_time_width; its `width_key`), or None."""
+        key = getattr(family_of(self.op), "width_key", None)
+        return key(call, isa) if key is not None else None
 
 
 BLOCKED = FamilyLowering(cd.BLOCKED)

@@ -32,6 +32,7 @@ from kiln.kernels.conv.direct import DirectConv, blocked_body, choose_k_blocking
 from kiln.kernels.conv.family import build_conv
 from kiln.kernels.conv.ksegments import ConvKBlocking
 from kiln.kernels.conv.pointwise import PointwiseSchedule, pointwise_body
+from kiln.kernels.conv.run_time_width import RunTimeWidth
 from kiln.kernels.registry import fits_registers
 from kiln.kernels.tiles import Epilogue, tile_lanes, tile_registers
 from kiln.ops import spatial
@@ -212,7 +213,7 @@ class NchwcConv(DirectConv):
             return None
 
         def body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
-                 epilogue: Epilogue, fused: bool, block: int) -> Stmt:
+                 epilogue: Epilogue, fused: bool, block: int) -> Stmt | RunTimeWidth:
             if ((pointwise and t) or half) and x.ndim == 5 and takes_pointwise(shape, block):
                 cb = int(w.shape[5])
                 tile_w = t[1] if t else choose_tiling(shape, tile_lanes(isa),
