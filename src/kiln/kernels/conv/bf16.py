@@ -20,7 +20,10 @@ held at constant rows (registers), as the float32 blocked kernel's
 position and `tile_w * cb` float32 lanes of `dot2_bf16` (one `vdpbf16ps` per 16 lanes:
 two multiply-adds each). Each output goes through the fused epilogue (bias, folded
 BatchNorm, activations, a residual add) in float32 as it is stored, NCHW{b}c, the
-padding channels zero (`blocked_tile_stores`).
+padding channels zero (`blocked_tile_stores`). On a small image with large weights
+(`prefetches_bf16_weights`) a channel tile's last tiles prefetch the next channel
+tile's weights (kiln.kernels.prefetch), which would otherwise come from memory in a
+burst at its first tile.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from kiln.ir.tensor import (
     DOT2_BF16,
     Allocate,
     Buffer,
+    IfThenElse,
     Intrin,
     LetStmt,
     PrimExpr,
@@ -266,6 +270,11 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
     sh, sw = shape.stride
     dh, dw = shape.dilation
     pf = layer.pf
+    line = LINE_BYTES // 4  # int32 words per cache line
+    # the channel tile's last `cb / line` tiles prefetch the next one's weights, one line
+    # of its weight row per step each (tile `first + i` line `i`); earlier, the next
+    # tile's weights would crowd this one's out of the L2 (590 KB each at 512 > 512 3x3)
+    first = layer.tiles - cb // line
     if pf is not None:
         head.append(pf.start((ob, _c(0), _c(0), _c(0), _c(0)),
                              int(layer.xb.shape[1]) * block * shape.kh * shape.kw * cb))
@@ -276,12 +285,9 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
                                                  cols[r] * sw + kw * dw, j])
                             for r, xv in enumerate(xs)]
         if pf is not None:
-            # one line of the next channel tile's weight row per step, tile t taking line
-            # t mod (lines per row): its first tiles fetch it all between them (a whole
-            # row per step in every tile cost more than it saved)
-            line = LINE_BYTES // 4
-            lets += pf.at((((p * block + j) * shape.kh + kh) * shape.kw + kw) * cb
-                          + t % (cb // line) * line, line)
+            fetch = seq(*pf.at((((p * block + j) * shape.kh + kh) * shape.kw + kw) * cb
+                               + (t - first) * line, line))
+            lets.append(IfThenElse(t >= first, fetch, None) if first > 0 else fetch)
 
         def lane(v: PrimExpr) -> Stmt:
             wv = Var("w", "int32")
