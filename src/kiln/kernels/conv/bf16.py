@@ -239,13 +239,17 @@ def bf16_conv_body(layer: _Layer) -> Stmt:
     return tiles if layer.pf is None else seq(*layer.pf.decls, tiles)
 
 
-def prefetches_bf16_weights(shape: ConvShape, words: int, isa: ISA) -> bool:
-    """Whether the tiles prefetch the next channel tile's packed words (the float32
-    blocked kernel's rule, `prefetches_weights`, on the bfloat16 words' bytes): a small
-    image's few tiles per channel tile would otherwise wait on memory for its weights,
-    which at that size are read from beyond the L2 on every call (ResNet's 512 > 512
-    3x3 layers at 7x7: 4.7 MB). `words`: the packed weight's int32 words."""
+def prefetches_bf16_weights(shape: ConvShape, cb: int, words: int, isa: ISA) -> bool:
+    """Whether the tiles of `cb` output channels prefetch the next channel tile's
+    packed words (the float32 blocked kernel's rule, `prefetches_weights`, on the
+    bfloat16 words' bytes): a small image's few tiles per channel tile would otherwise
+    wait on memory for its weights, which at that size are read from beyond the L2 on
+    every call (ResNet's 512 > 512 3x3 layers at 7x7: 4.7 MB). Tiles of 4 vectors
+    only: GoogLeNet's 14x14 3x3 layers on tiles of 1 x 14 and 2 x 10 took twice as
+    long with the prefetches (their channel tiles' 27 and 64 KB of weights stay in
+    the caches anyway). `words`: the packed weight's int32 words."""
     return (shape.out_h * shape.out_w <= PREFETCH_MAX_POSITIONS and isa.l2_bytes > 0
+            and cb == POINTWISE_VECTORS * tile_lanes(isa)
             and words * 4 >= PREFETCH_WEIGHT_L2_SHARE * isa.l2_bytes)
 
 
@@ -366,7 +370,7 @@ class NchwcBf16(Family):
         tile_w = min(tile[1], shape.out_h * shape.out_w)
         words = [int(d) for d in wp.shape]
         pf = (WeightPrefetch(store.buffers[wp], int(np.prod(words[1:])))
-              if prefetches_bf16_weights(shape, int(np.prod(words)), isa) else None)
+              if prefetches_bf16_weights(shape, cb, int(np.prod(words)), isa) else None)
         layer = _Layer(inner, xb, store.buffers[wp], store.out, epilogue,
                        word_block(shape.c_in, in_block), block,
                        cb, tile_w, shape.c_out, pf)
