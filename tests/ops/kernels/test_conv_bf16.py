@@ -11,7 +11,9 @@ One model, compiled once, holds the kernel's cases: a padded 3x3 layer with bias
 ReLU reading the NCHW input of 3 channels in place (a region's first layer: channels
 paired (0, 1) and (2, zero)), a strided unpadded 1x1 layer (its input subsampled as it
 is converted; 48 channels, an odd count of blocks, paired within each block), a 3x3
-layer with a residual Add, a 1x1 layer to 24 channels (a partial output block), a
+layer with a residual Add, a 3x3 layer to 256 channels (weights large enough that each
+tile prefetches the next channel tile's), a 1x1 layer to 24 channels (a partial output
+block), a
 strided 3x3 layer with asymmetric pads (its 24 channels in word rows of 4 lanes), over
 an image of 13x11 (tiles past its end) and a symbolic batch; then an LRN on the blocked
 result (`lrn_nchwc`, 40 channels in blocks of 16), whose `s ** -0.75` a `precision=bf16`
@@ -50,7 +52,7 @@ from support.reference import onnxruntime_outputs
 
 RNG = np.random.default_rng(63)
 TOL = 1e-2  # against float32 (see the module docstring)
-CONVS = 7
+CONVS = 8
 
 
 def _weight(*shape: int) -> np.ndarray:
@@ -65,7 +67,10 @@ def _model() -> Any:
     y = b.op("Conv", y, b.const(_weight(64, 48, 1, 1)), strides=[2, 2])
     y = b.op("Add", y, b.op("Conv", y, b.const(_weight(64, 64, 3, 3)),
                             b.const(_weight(64)), pads=[1, 1, 1, 1]))
-    y = b.op("Conv", y, b.const(_weight(24, 64, 1, 1)))
+    # 295 KB of weight words over 7x6 positions: the tiles prefetch the next channel
+    # tile's weights (`prefetches_bf16_weights`; the last one its own)
+    y = b.op("Conv", y, b.const(_weight(256, 64, 3, 3)), pads=[1, 1, 1, 1])
+    y = b.op("Conv", y, b.const(_weight(24, 256, 1, 1)))
     y = b.op("Relu", b.op("Conv", y, b.const(_weight(40, 24, 3, 3)), strides=[2, 2],
                           pads=[0, 1, 1, 0]))
     # LRN on the NCHW result, its scales well past 1 (kiln.kernels.lrn by square roots)
@@ -130,6 +135,13 @@ def test_every_layer_runs_in_bfloat16(built: Any) -> None:
     assert kernels.count("conv2d_nchwc_bf16") == CONVS
     assert "conv2d_nchwc" not in kernels
     assert "lrn_nchwc" in ex.ir.functions and "lrn" not in ex.ir.functions
+    # the 64 > 256 layer prefetches weights, the smaller ones do not
+    prefetching = [name for name, f in ex.ir.prim_funcs().items()
+                   if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc_bf16"
+                   and any(isinstance(s, t.Evaluate) and isinstance(s.value, t.Intrin)
+                           and s.value.name == t.PREFETCH_INTRINSIC
+                           for s in iter_stmts(f.body))]
+    assert len(prefetching) == 1, prefetching
     assert sum(name.startswith("fused_conv2d_nchwc_bf16_gelu") for name in ex.ir.functions) == 2
     # the grouped 1x1 layer: its products in `vdpbf16ps` sums
     grouped = [f for f in ex.ir.prim_funcs().values()

@@ -20,7 +20,10 @@ held at constant rows (registers), as the float32 blocked kernel's
 position and `tile_w * cb` float32 lanes of `dot2_bf16` (one `vdpbf16ps` per 16 lanes:
 two multiply-adds each). Each output goes through the fused epilogue (bias, folded
 BatchNorm, activations, a residual add) in float32 as it is stored, NCHW{b}c, the
-padding channels zero (`blocked_tile_stores`).
+padding channels zero (`blocked_tile_stores`). On a small image with large weights
+(`prefetches_bf16_weights`) a channel tile's last tiles prefetch the next channel
+tile's weights (kiln.kernels.prefetch), which would otherwise come from memory in a
+burst at its first tile.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from kiln.ir.tensor import (
     DOT2_BF16,
     Allocate,
     Buffer,
+    IfThenElse,
     Intrin,
     LetStmt,
     PrimExpr,
@@ -52,10 +56,12 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType
 from kiln.kernels.conv.blocked import blocked_tile_stores, choose_tiling
+from kiln.kernels.conv.direct import PREFETCH_MAX_POSITIONS, PREFETCH_WEIGHT_L2_SHARE
 from kiln.kernels.conv.family import blocked_bias
 from kiln.kernels.conv.nchwc import POINTWISE_VECTORS, pointwise_tile, wide_tile
 from kiln.kernels.epilogue import float32_operands, fused_store
 from kiln.kernels.gemm.bf16 import bf16_word
+from kiln.kernels.prefetch import LINE_BYTES, WeightPrefetch
 from kiln.kernels.registry import Family
 from kiln.kernels.tiles import (
     Epilogue,
@@ -133,6 +139,7 @@ class _Layer:
     cb: int
     tile_w: int
     c_out: int
+    pf: WeightPrefetch | None = None
 
     @property
     def positions(self) -> int:
@@ -227,8 +234,23 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, isa: ISA
 
 def bf16_conv_body(layer: _Layer) -> Stmt:
     """The parallel tiles over (image, channel tile, tile of positions)."""
-    return parallel_tiles((layer.shape.n, layer.blocks, layer.tiles),
-                          lambda n, ob, t: _tile(layer, n, ob, t))
+    tiles = parallel_tiles((layer.shape.n, layer.blocks, layer.tiles),
+                           lambda n, ob, t: _tile(layer, n, ob, t))
+    return tiles if layer.pf is None else seq(*layer.pf.decls, tiles)
+
+
+def prefetches_bf16_weights(shape: ConvShape, cb: int, words: int, isa: ISA) -> bool:
+    """Whether the tiles of `cb` output channels prefetch the next channel tile's
+    packed words (the float32 blocked kernel's rule, `prefetches_weights`, on the
+    bfloat16 words' bytes): a small image's few tiles per channel tile would otherwise
+    wait on memory for its weights, which at that size are read from beyond the L2 on
+    every call (ResNet's 512 > 512 3x3 layers at 7x7: 4.7 MB). Tiles of 4 vectors
+    only: GoogLeNet's 14x14 3x3 layers on tiles of 1 x 14 and 2 x 10 took twice as
+    long with the prefetches (their channel tiles' 27 and 64 KB of weights stay in
+    the caches anyway). `words`: the packed weight's int32 words."""
+    return (shape.out_h * shape.out_w <= PREFETCH_MAX_POSITIONS and isa.l2_bytes > 0
+            and cb == POINTWISE_VECTORS * tile_lanes(isa)
+            and words * 4 >= PREFETCH_WEIGHT_L2_SHARE * isa.l2_bytes)
 
 
 def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
@@ -251,11 +273,25 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
         cols.append(cv)
     sh, sw = shape.stride
     dh, dw = shape.dilation
+    pf = layer.pf
+    line = LINE_BYTES // 4  # int32 words per cache line
+    # the channel tile's last `cb / line` tiles prefetch the next one's weights, one line
+    # of its weight row per step each (tile `first + i` line `i`); earlier, the next
+    # tile's weights would crowd this one's out of the L2 (590 KB each at 512 > 512 3x3)
+    first = layer.tiles - cb // line
+    if pf is not None:
+        head.append(pf.start((ob, _c(0), _c(0), _c(0), _c(0)),
+                             int(layer.xb.shape[1]) * block * shape.kh * shape.kw * cb))
 
     def step(p: PrimExpr, j: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
         xs = [Var(f"x{r}", "int32") for r in range(tile_w)]
-        lets = [LetStmt(xv, layer.xb[n, p, rows[r] * sh + kh * dh, cols[r] * sw + kw * dw,
-                                     j]) for r, xv in enumerate(xs)]
+        lets: list[Stmt] = [LetStmt(xv, layer.xb[n, p, rows[r] * sh + kh * dh,
+                                                 cols[r] * sw + kw * dw, j])
+                            for r, xv in enumerate(xs)]
+        if pf is not None:
+            fetch = seq(*pf.at((((p * block + j) * shape.kh + kh) * shape.kw + kw) * cb
+                               + (t - first) * line, line))
+            lets.append(IfThenElse(t >= first, fetch, None) if first > 0 else fetch)
 
         def lane(v: PrimExpr) -> Stmt:
             wv = Var("w", "int32")
@@ -332,9 +368,12 @@ class NchwcBf16(Family):
             epilogue = blocked_bias(epilogue, store.buffers[args[2]], block)
         xb, inner, prologue = converted_input(store.buffers[x], shape, in_block, isa)
         tile_w = min(tile[1], shape.out_h * shape.out_w)
+        words = [int(d) for d in wp.shape]
+        pf = (WeightPrefetch(store.buffers[wp], int(np.prod(words[1:])))
+              if prefetches_bf16_weights(shape, cb, int(np.prod(words)), isa) else None)
         layer = _Layer(inner, xb, store.buffers[wp], store.out, epilogue,
                        word_block(shape.c_in, in_block), block,
-                       cb, tile_w, shape.c_out)
+                       cb, tile_w, shape.c_out, pf)
         body = seq(*prologue, bf16_conv_body(layer))
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                         {ATTR_CONV_KERNEL: self.op, ATTR_NO_SLP: True})
