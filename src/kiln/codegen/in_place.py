@@ -34,7 +34,8 @@ def in_place_results(fn: PrimFunc, funcs: Mapping[str, PrimFunc]) -> dict[int, i
     """{result index: parameter index} of `fn` (a lowered graph function; `funcs` the
     module's functions): each result a marked kernel may write over a parameter. The
     kernel's call must be a statement of the function's body itself (not in a loop,
-    which would run the statements before it again) and the parameter's last use."""
+    which would run the statements before it again), the parameter's last use and the
+    result's first (no kernel writes the buffer before or reads the past after it)."""
     n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
     params = packed_params(fn)
     if not n_out:
@@ -56,9 +57,11 @@ def in_place_results(fn: PrimFunc, funcs: Mapping[str, PrimFunc]) -> dict[int, i
                 return whole(stmt.source) if _is_zero(stmt.byte_offset) else buf
         return buf
 
+    first_use: dict[object, int] = {}
     last_use: dict[object, int] = {}
     for k, stmt in enumerate(body):
         for buf in _uses(stmt):
+            first_use.setdefault(views.get(buf, buf), k)
             last_use[views.get(buf, buf)] = k
     found: dict[int, int] = {}
     for k, stmt in enumerate(body):
@@ -70,6 +73,7 @@ def in_place_results(fn: PrimFunc, funcs: Mapping[str, PrimFunc]) -> dict[int, i
         source, target = (whole(stmt.args[a]) for a in marked)
         if (isinstance(source, Buffer) and isinstance(target, Buffer)
                 and source in inputs and target in results and last_use.get(source) == k
+                and first_use.get(target) == k
                 and sum(a is source for a in stmt.args) == 1
                 and source.dtype == target.dtype and len(source.shape) == len(target.shape)):
             found[results[target]] = inputs[source]
@@ -83,12 +87,11 @@ def _is_zero(offset: object) -> bool:
 
 
 def _uses(stmt: Stmt) -> Iterator[object]:
-    """The buffers `stmt` reads, writes or passes on (a view's source too)."""
+    """The buffers `stmt` reads, writes or passes on (a view is its own: declaring one
+    touches nothing)."""
     for node in iter_nodes(stmt):
         if isinstance(node, (Load, Store)):
             yield node.buffer
-        elif isinstance(node, DeclBuffer):
-            yield node.source
         elif isinstance(node, (CallFunc, CallExtern)):
             yield from (a for a in node.args if isinstance(a, Buffer))
 
