@@ -294,10 +294,10 @@ GQA_NODES = {
     "mk": (2, 2, 32, {"softcap": 2.0, "scale": 0.3}, False, 8),
 }
 #: (batch, seq, past, seqlens_k, total_sequence_length): a padded prompt from an empty
-#: past, decode steps on a growing cache and on a shared buffer (past = the buffer's
-#: length, seqlens_k below it), a later prompt chunk after a past.
-GQA_STEPS = ((2, 5, 0, [4, 2], 5), (2, 1, 5, [5, 3], 6), (2, 1, 8, [3, 6], 7),
-             (1, 3, 4, [6], 7))
+#: past, a decode step on a growing cache, a later prompt chunk after a past. A step on a
+#: shared buffer (past = the buffer's length, seqlens_k below it) is
+#: test_group_query_attention_writes_a_shared_buffer_in_place's.
+GQA_STEPS = ((2, 5, 0, [4, 2], 5), (2, 1, 5, [5, 3], 6), (1, 3, 4, [6], 7))
 
 
 def _gqa_node(b: GraphBuilder, name: str, heads: int, kv: int, head: int, attrs: dict,
