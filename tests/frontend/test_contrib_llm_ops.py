@@ -294,10 +294,10 @@ GQA_NODES = {
     "mk": (2, 2, 32, {"softcap": 2.0, "scale": 0.3}, False, 8),
 }
 #: (batch, seq, past, seqlens_k, total_sequence_length): a padded prompt from an empty
-#: past, decode steps on a growing cache and on a shared buffer (past = the buffer's
-#: length, seqlens_k below it), a later prompt chunk after a past.
-GQA_STEPS = ((2, 5, 0, [4, 2], 5), (2, 1, 5, [5, 3], 6), (2, 1, 8, [3, 6], 7),
-             (1, 3, 4, [6], 7))
+#: past, a decode step on a growing cache, a later prompt chunk after a past. A step on a
+#: shared buffer (past = the buffer's length, seqlens_k below it) is
+#: test_group_query_attention_writes_a_shared_buffer_in_place's.
+GQA_STEPS = ((2, 5, 0, [4, 2], 5), (2, 1, 5, [5, 3], 6), (1, 3, 4, [6], 7))
 
 
 def _gqa_node(b: GraphBuilder, name: str, heads: int, kv: int, head: int, attrs: dict,
@@ -375,6 +375,52 @@ def test_group_query_attention_matches_onnxruntime(gqa) -> None:  # type: ignore
                 g, w = g[valid], w[valid]
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5,
                                        err_msg=f"{out.name} {batch}x{seq} past {past}")
+
+
+def test_group_query_attention_writes_a_shared_buffer_in_place(gqa) -> None:  # type: ignore[no-untyped-def]
+    """Each present is marked in place of its past (docs/abi.md): given the past's own
+    array as `out=` at the past's length (onnxruntime's shared buffer), the call writes
+    only the new rows there, the rest of the buffer as it was, and computes onnxruntime's
+    output. Any other overlap is refused, and so is a call whose present comes back at
+    another length than its past (a growing cache) in the past's buffer."""
+    model, exe = gqa
+    fn = exe["main"]
+    params = [p["name"] for p in fn.params]
+    marks = {r["name"]: r.get("in_place_of") for r in fn.results}
+    assert {name: params[marks[f"present_{k}_{name}"]] for name in GQA_NODES for k in "kv"} \
+        == {name: f"p{k}_{name}" for name in GQA_NODES for k in "kv"}
+    feeds = _gqa_feeds(model, np.random.default_rng(7), 2, 1, 8, [3, 6], 7)
+    want = dict(zip([o.name for o in model.graph.output], onnxruntime_outputs(model, feeds)))
+    before = {k: v.copy() for k, v in feeds.items()}
+    out = []  # each present's out= (its bound, past + seq) starts with its past
+    for r, shape in zip(fn.results, fn.output_shapes(**feeds)):
+        out.append(np.zeros(shape, np.float32))
+        if r["name"].startswith("present"):
+            past = f"p{r['name'][8]}_{r['name'][10:]}"
+            feeds[past] = out[-1].reshape(-1)[:feeds[past].size].reshape(feeds[past].shape)
+            feeds[past][...] = before[past]
+    got = dict(zip([r["name"] for r in fn.results], fn(**feeds, out=out)))
+    rows = np.arange(8) <= np.array([3, 6])[:, None]  # each row's cache after the step
+    for name in GQA_NODES:
+        np.testing.assert_allclose(got[f"y_{name}"], want[f"y_{name}"], rtol=1e-4, atol=1e-5)
+        for k in "kv":
+            present, past = got[f"present_{k}_{name}"], feeds[f"p{k}_{name}"]
+            assert np.shares_memory(present, past) and present.shape == past.shape
+            np.testing.assert_allclose(present.transpose(0, 2, 1, 3)[rows],
+                                       want[f"present_{k}_{name}"].transpose(0, 2, 1, 3)[rows],
+                                       rtol=1e-6)
+            np.testing.assert_array_equal(past.transpose(0, 2, 1, 3)[~rows],
+                                          before[f"p{k}_{name}"].transpose(0, 2, 1, 3)[~rows])
+    room = np.zeros(out[1].size + 64, np.float32)  # the present a row further on
+    feeds["pk_g4"] = room[:feeds["pk_g4"].size].reshape(feeds["pk_g4"].shape)
+    out[1] = room[64:].reshape(out[1].shape)
+    with pytest.raises(CallError, match="argument 4's own buffer only: the same first byte"):
+        fn(**feeds, out=out)
+    grow = _gqa_feeds(model, np.random.default_rng(8), 2, 1, 5, [5, 3], 6)
+    out = [np.empty(shape, np.float32) for shape in fn.output_shapes(**grow)]
+    grow["pk_g4"] = out[1].reshape(-1)[:grow["pk_g4"].size].reshape(grow["pk_g4"].shape)
+    with pytest.raises(CallError, match=r"at shape .* not the argument's .*contents are lost"):
+        fn(**grow, out=out)
 
 
 def test_group_query_attention_pins_a_free_head_size(gqa) -> None:  # type: ignore[no-untyped-def]

@@ -43,6 +43,7 @@ pytest.importorskip("onnxruntime_genai", reason="the builder and the reference g
                     "onnxruntime-genai's (requirements.txt)")
 
 import kiln
+from kiln.runtime import generation
 from support import genai
 from support.c_programs import EXAMPLES, build_c_program
 
@@ -122,10 +123,11 @@ def llama_library(compiled: Any, tmp_path_factory: pytest.TempPathFactory) -> Pa
         tmp_path_factory.mktemp("genai_lib") / "llama.so"))
 
 
-def _assert_genai_tokens(lib: Any, want: np.ndarray) -> None:
+def _assert_genai_tokens(lib: Any, want: np.ndarray, native: bool = True) -> None:
     """`kiln.generate` greedy gives `want`; genai drops the end-of-sequence token it
     stops at, kiln returns it as the row's last."""
-    got = np.asarray(kiln.generate(lib, PROMPT, STEPS, stop_tokens=[genai.EOS]))
+    got = np.asarray(kiln.generate(lib, PROMPT, STEPS, stop_tokens=[genai.EOS],
+                                   native=native))
     if got.shape[1] == want.shape[1] + 1:
         assert got[0, -1] == genai.EOS, (got, want)
         got = got[:, :-1]
@@ -160,6 +162,13 @@ def test_greedy_tokens_match_onnxruntime_genai(case, record_property) -> None:  
     if precision == "fp32":
         _assert_genai_tokens(exe, want)
         assert agreement == 1.0
+        # the Python loop keeps the cache in place (one buffer per past, each present
+        # marked in place of its past) and grows it when full: here from 4 new positions
+        fn = exe["main"]
+        assert generation.shared_cache(fn, generation.DecoderRoles.of(fn))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(generation, "SHARED_STEPS", 4)
+            _assert_genai_tokens(exe, want, native=False)
     else:
         got = np.asarray(kiln.generate(exe, PROMPT, STEPS, stop_tokens=[genai.EOS]))
         n = min(got.shape[1], want.shape[1])

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kiln.errors import CallError, KilnError
+from kiln.errors import CallError, FormatError, KilnError
 from kiln.runtime import Module, RawKernelFunction
+from kiln.runtime.function import PackedFunction
 from support import handmade_lib as hm
 from support.processes import run_python
 
@@ -321,3 +322,21 @@ def test_function_repr_shows_the_signature(hand_lib: Module) -> None:
     assert repr(hand_lib["split"]) == (
         "<NativeFunction split(x: int64[3]) -> a: int64[3], b: float64[3]>")
 
+
+
+def test_a_result_in_place_of_no_matching_parameter_is_refused() -> None:
+    """`"in_place_of"` (docs/abi.md) must name a tensor parameter of the result's dtype and
+    rank: a library that says otherwise is refused as it is read, not trusted at a call."""
+    params = [{"name": "x", "kind": "tensor", "shape": [2, 3], "dtype": "float32"},
+              {"name": "n", "kind": "scalar", "dtype": "int64"}]
+
+    def signature(mark: Any, dtype: str = "float32") -> dict[str, Any]:
+        return {"name": "f", "kind": "graph", "params": params, "results": [
+            {"name": "y", "kind": "tensor", "shape": [2, 3], "dtype": dtype,
+             "in_place_of": mark}]}
+
+    for mark, dtype in ((2, "float32"), (-1, "float32"), (1, "float32"), ("0", "float32"),
+                        (0, "float64")):
+        with pytest.raises(FormatError, match="'y' is marked in place of parameter"):
+            PackedFunction(signature(mark, dtype))
+    assert PackedFunction(signature(0)).results[0]["in_place_of"] == 0

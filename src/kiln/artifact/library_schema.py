@@ -46,7 +46,7 @@ SIZE = AnyOf((Int(0), Str(max_len=SIZE_TEXT_MAX, what="a size text"), Null()))
 
 PARAM = Obj(required={"name": NAME},
             optional={"kind": Str(max_len=64), "shape": SHAPE, "dtype": DTYPE,
-                      "written": Bool()},
+                      "written": Bool(), "in_place_of": Int(0)},
             extra=Anything())
 FUNCTION = Obj(optional={"name": NAME, "symbol": identifier(), "kind": Str(max_len=64),
                          "params": ListOf(PARAM, max_len=4096),

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kiln.errors import UsageError
-from kiln.runtime.generation import DecoderRoles
+from kiln.runtime.generation import DecoderRoles, shared_cache
 
 # kiln_generate.c's codes for a parameter's dimension that is not a fixed size.
 RANK = 8  # KILN_HOST_GEN_RANK
@@ -50,6 +50,7 @@ class DecoderLayout:
     logits: int
     pasts: tuple[int, ...]
     presents: tuple[int, ...]
+    shared: bool = False  # each present in place of its past (kiln.runtime.generation)
 
 
 def decoder_layout(signature: Mapping[str, Any]) -> DecoderLayout | str:
@@ -80,8 +81,9 @@ def decoder_layout(signature: Mapping[str, Any]) -> DecoderLayout | str:
     dims = _dims(params, role, dict(zip(pasts, roles.past_axes, strict=True)))
     if isinstance(dims, str):
         return dims
+    shared = shared_cache(SimpleNamespace(params=params, results=results), roles)
     return DecoderLayout(tuple(params), tuple(results), dims, logits=roles.logits,
-                         pasts=pasts, presents=roles.presents, **role)
+                         pasts=pasts, presents=roles.presents, shared=shared, **role)
 
 
 def _presents(params: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]],

@@ -52,7 +52,7 @@ def generate_entry(prefix: str, ns: str, name: str, layout: DecoderLayout) -> li
         f"      {len(layout.params)}, {len(layout.results)}, {base}_dtypes, {base}_ranks,",
         f"      {base}_dims, {layout.ids}, {layout.mask}, {layout.positions},",
         f"      {layout.cache_position}, {layout.logits}, {len(layout.pasts)}, {base}_pasts,",
-        f"      {base}_presents}};",
+        f"      {base}_presents, {int(layout.shared)}}};",
         "  return kiln_host_generate(&decoder, prompt, batch, prompt_len, max_new_tokens,",
         "      stop_tokens, n_stop, pad_token, out_ids, out_steps, on_token, user);",
         "}",

@@ -20,6 +20,7 @@ most 200 characters, else a stable mangled `_x<hash>_<hint>` (docs/abi.md).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from kiln import __version__, dim_expr
@@ -74,7 +75,7 @@ LIBRARY_FORMAT = "kiln.library"
 #   8 (2026-11-28): `{prefix}_generate_{name}` takes a token callback and its user pointer
 #     after `out_steps` (KilnTokenFunc, docs/abi.md "Generation"); kiln.generate runs its
 #     greedy loop through it from this version on. Every key of version 7 is unchanged.
-LIBRARY_FORMAT_VERSION = 8
+LIBRARY_FORMAT_VERSION = 9
 
 
 # Longest system_lib_prefix: it starts every symbol of the library.
@@ -225,13 +226,16 @@ def packed_params(fn: PrimFunc) -> tuple[Buffer | Var, ...]:
 
 
 def function_signature(name: str, fn: PrimFunc, prefix: str,
-                       written: frozenset[int] = frozenset()) -> dict[str, Any]:
+                       written: frozenset[int] = frozenset(),
+                       in_place: Mapping[int, int] | None = None) -> dict[str, Any]:
     """The JSON signature of one lowered function, as the metadata symbol carries it.
 
     For a lowered graph function the last `kiln.num_outputs` buffers are results,
     which the caller allocates; the rest are parameters. A tensor parameter whose
     index is in `written` (the function stores into it) is marked `"written": true`,
-    so the runtime can refuse read-only or overlapping buffers there.
+    so the runtime can refuse read-only or overlapping buffers there. A result in
+    `in_place` ({result index: parameter index}, kiln.codegen.in_place) may be that
+    parameter's own buffer: `"in_place_of": index`.
     """
     n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
     params = [param_info(p) for p in packed_params(fn)]
@@ -243,6 +247,8 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
     names = list(fn.attrs.get(ATTR_OUTPUT_NAMES, ()) or [r["name"] for r in results])
     for r, rname in zip(results, names):
         r["name"] = rname
+    for j, i in sorted((in_place or {}).items()):
+        results[j]["in_place_of"] = i
     extra: dict[str, Any] = {}
     dims, runtime = graph_dims(fn), runtime_dims(fn)
     if dims:
@@ -279,8 +285,12 @@ def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]
 
     # Outlined loop bodies (kiln.ir.outlined) write for their kernel, which lists
     # the buffers as written; they are no functions of the library.
+    from kiln.codegen.in_place import in_place_results  # cycle: it imports this module
+
     written = analyze(mod.prim_funcs()).written
-    funcs = {name: function_signature(name, fn, prefix, written.get(name, frozenset()))
+    every = mod.prim_funcs()
+    funcs = {name: function_signature(name, fn, prefix, written.get(name, frozenset()),
+                                      in_place_results(fn, every))
              for name, fn in kernel_funcs(mod).items()}
     graph_left = sorted(mod.graph_funcs())
     if graph_left:

@@ -19,6 +19,7 @@ from kiln.errors import IRError
 from kiln.ir import amx
 from kiln.ir import dtype as dt
 from kiln.ir._interp_runtime import Fault
+from kiln.ir.same_address import SAME_ADDRESS
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,14 @@ def _memset(dst: np.ndarray, value: int, n: int) -> int:
 register_extern_reference("memcpy", ("buffer", "buffer", "int"), None, _memcpy)
 register_extern_reference("memmove", ("buffer", "buffer", "int"), None, _memcpy)
 register_extern_reference("memset", ("buffer", "int", "int"), None, _memset)
+
+
+def _same_address(a: np.ndarray, b: np.ndarray) -> int:
+    """kiln.ir.same_address: the arrays' first bytes at one address."""
+    return int(a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+register_extern_reference(SAME_ADDRESS, ("buffer", "buffer"), "int32", _same_address)
 
 
 def _install_amx() -> None:

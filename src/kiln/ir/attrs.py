@@ -107,6 +107,13 @@ ATTR_TERMINATE_FLAG: Final = "kiln.terminate_flag"
 # of their own: `(code, message)` pairs; host.c reports them (a Loop's iteration limit).
 ATTR_CHECK_MESSAGES: Final = "kiln.check_messages"
 
+# Set by a kernel builder on a kernel whose output may be one of its inputs' own buffer:
+# (input index, output index) among its parameters. The kernel compares the two
+# addresses itself (kiln.ir.same_address); a graph function whose result is that output
+# and whose parameter is that input, read by nothing else, declares the result
+# `in_place_of` the parameter (kiln.codegen.in_place, docs/abi.md).
+ATTR_IN_PLACE: Final = "kiln.in_place"
+
 # Module attribute set by ProfileKernelCalls (kiln.transform.profile): one
 # (function, kernel or None) pair per timer site, in site order.
 ATTR_PROFILE_SITES: Final = "kiln.profile_sites"
@@ -126,7 +133,7 @@ KILN_ATTRS: Final = frozenset({
     ATTR_PRIVATE, ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_TUPLE_RESULT, ATTR_OUTPUT_NAMES,
     ATTR_WORKSPACE_BYTES, ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR, ATTR_EXTERNAL, ATTR_DIM_BOUNDS,
     ATTR_BINDS_DIMS, ATTR_RUNTIME_DIMS, ATTR_ARG_DIMS, ATTR_CONCAT_AXIS, ATTR_NO_SLP,
-    ATTR_TERMINATE_FLAG, ATTR_CHECK_MESSAGES, ATTR_SOURCE_NODE, ATTR_CONV_KERNEL,
+    ATTR_TERMINATE_FLAG, ATTR_CHECK_MESSAGES, ATTR_SOURCE_NODE, ATTR_IN_PLACE, ATTR_CONV_KERNEL,
     ATTR_GEMM_KERNEL, ATTR_POOL_KERNEL, ATTR_ROW_KERNEL, ATTR_CHANNEL_SCALE, ATTR_QLINEAR_ADD,
     ATTR_QLINEAR_CONCAT,
 })

@@ -13,6 +13,13 @@ and new, so the step copies the past once (a concat, then a gather of its rows i
 place, copied it twice). start[b] is taken clamped to [0, P] (the caller keeps it there),
 so every read stays in bounds.
 
+In place: when the result is the past's own buffer (the same address and the same length
+L = P, onnxruntime's shared buffer: kiln.ir.same_address, asked once per call) only the
+new rows are written. The kept rows are there already, and the rows after the new ones
+keep what the buffer held (no zeros: the attention masks them out, as onnxruntime's does).
+The compiled function declares that overlap (the present's `in_place_of`, docs/abi.md)
+and the runtime allows it and no other.
+
 The kernel is hand-built: per (batch row, head), three loops over the cache rows (the
 past's, the new ones, the zeros), each a contiguous copy that vectorizes. A te
 definition would pick each element's source with a `select` on a boundary read from
@@ -31,6 +38,8 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
+from kiln.ir.attrs import ATTR_EXTERN_READS, ATTR_IN_PLACE
+from kiln.ir.same_address import same_address
 from kiln.ir.shape_expr import dims_equal, shape_text
 from kiln.ir.tensor import PrimExpr, as_expr, max_, min_
 from kiln.ir.types import TensorType, Type
@@ -91,14 +100,22 @@ def _cache_rows_kernel(past: t.Buffer, new: t.Buffer, start: t.Buffer, out: t.Bu
         return t.For(r, lo, max_(hi - lo, 0), "serial",
                      t.For(d, as_expr(0, "int64"), head, "serial", store))
 
-    per_head = t.seq(rows_loop(as_expr(0, "int64"), keep, lambda r, d: past[(b, h, r, d)]),
-                     rows_loop(keep, end, lambda r, d: new[(b, h, r - s, d)]),
-                     rows_loop(end, length, lambda r, d: as_expr(0, out.dtype)))
-    return t.For(b, as_expr(0, "int64"), batch, "serial", t.seq(
-        t.LetStmt(s, min_(max_(start[(b,)], 0), rows)),
-        t.LetStmt(keep, min_(s, length)),
-        t.LetStmt(end, min_(s + steps, length)),
-        t.For(h, as_expr(0, "int64"), heads, "serial", per_head)))
+    # 1 when `out` is the past's own buffer at the past's length: its rows are in place
+    shared = t.Var("shared", "int32")
+    copied = t.compare("eq", shared, as_expr(0, "int32"))
+    per_head = t.seq(
+        t.IfThenElse(copied, rows_loop(as_expr(0, "int64"), keep,
+                                       lambda r, d: past[(b, h, r, d)])),
+        rows_loop(keep, end, lambda r, d: new[(b, h, r - s, d)]),
+        t.IfThenElse(copied, rows_loop(end, length, lambda r, d: as_expr(0, out.dtype))))
+    return t.seq(
+        t.LetStmt(shared, t.select(t.compare("eq", rows, length), same_address(past, out),
+                                   as_expr(0, "int32"))),
+        t.For(b, as_expr(0, "int64"), batch, "serial", t.seq(
+            t.LetStmt(s, min_(max_(start[(b,)], 0), rows)),
+            t.LetStmt(keep, min_(s, length)),
+            t.LetStmt(end, min_(s + steps, length)),
+            t.For(h, as_expr(0, "int64"), heads, "serial", per_head))))
 
 
 @dataclass(frozen=True)
@@ -115,8 +132,10 @@ class CacheRowsOp(OpDef):
         assert isinstance(result, TensorType)
         out = t.Buffer("out", result.shape, result.dtype)
         body = _cache_rows_kernel(past, new, start, out)
+        # the address comparison reads no data; the output may be the past's buffer
+        attrs = {ATTR_EXTERN_READS: (past.name,), ATTR_IN_PLACE: (0, 4)}
         return te.with_dim_params(t.PrimFunc((past, new, start, positions, out), body,
-                                             {})), self.name
+                                             attrs)), self.name
 
 
 OPS.register("cache_rows", CacheRowsOp("cache_rows", "opaque", _cache_rows_infer,

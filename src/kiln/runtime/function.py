@@ -29,6 +29,7 @@ from kiln.runtime import abi, ctypes_abi
 from kiln.runtime.call_slots import ArgumentSlots, SlotPool
 from kiln.runtime.ctypes_abi import Where, data_address
 from kiln.runtime.dim_binding import bind_dims, compile_dim_text, dim_size
+from kiln.runtime.in_place import check_shapes, drop_in_place, exact_overlap, in_place_pairs
 from kiln.runtime.lifetime import CallGuard
 from kiln.runtime.terminate import TerminateFlag
 
@@ -77,6 +78,8 @@ class PackedFunction:
         self._tensors = [i for i, p in enumerate(self._arguments) if p.get("kind") == "tensor"]
         self._written = frozenset(i for i in self._tensors
                                   if i >= len(self.params) or self._arguments[i].get("written"))
+        # Results that may be a parameter's own buffer (kiln.runtime.in_place).
+        self._in_place = in_place_pairs(self.name, self.params, self.results)
         # Symbolic shapes (docs/dynamic-shapes.md): a dimension may be a variable's name or
         # an expression's text; a graph function lists its variables with their bounds.
         self.symbolic = any(isinstance(d, str) for i in self._tensors
@@ -119,7 +122,10 @@ class PackedFunction:
             return None
         if actual is not None:  # data-dependent sizes: views of the bound-sized buffers
             outputs = [trim_result(o, shape) for o, shape in zip(outputs, actual)]
-        elif out is not None:
+        if self._in_place:
+            check_shapes(self.name, self._in_place, values, outputs,
+                         [str(r["name"]) for r in self.results])
+        if actual is None and out is not None:
             return out
         if len(outputs) == 1 and not self.tuple_result:
             return outputs[0]
@@ -339,10 +345,15 @@ class PackedFunction:
                     "the array is read-only but the function writes into it; pass a writable "
                     "array (e.g. a copy)")
             for j in sorted(near.get(i, ())):
+                if self._in_place.get(i) == j and exact_overlap(w, values[j]):
+                    continue  # the result in place of its parameter (docs/abi.md)
                 if np.shares_memory(w, values[j]):
+                    only = (f" (it may be argument {j}'s own buffer only: the same first byte)"
+                            if self._in_place.get(i) == j else "")
                     raise self._wheres[i].error(
                         f"overlaps argument {j} '{self._wheres[j].name}' in memory; the "
-                        "function writes it while reading the other, so pass distinct arrays")
+                        "function writes it while reading the other, so pass distinct "
+                        f"arrays{only}")
 
     def _fits(self, i: int, array: np.ndarray) -> bool:
         """True if `array` has argument i's shape, dtype and a contiguous layout (fast path)."""
@@ -706,6 +717,8 @@ class NativeFunction(PackedFunction):
                     return _SLOW
                 addresses.append(data_address(array))
             sizes = [a.nbytes for a in (*args, *outputs)]
+            if self._in_place:
+                drop_in_place(self._in_place, addresses, sizes)
             if _any_written_overlap(addresses, sizes, self._n_params):
                 return _SLOW  # the general path names the overlap
         pool = self._slot_pool
@@ -725,6 +738,9 @@ class NativeFunction(PackedFunction):
                            else trim_result(o, s) for j, o in enumerate(outputs)]
         finally:
             pool.give_back(slots)
+        if self._in_place and out is not None:
+            check_shapes(self.name, self._in_place, args, outputs,
+                         [str(r["name"]) for r in self.results])
         if out is not None and not self._runtime_axes:
             return out
         if len(outputs) == 1 and not self.tuple_result:

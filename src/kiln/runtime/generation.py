@@ -257,13 +257,31 @@ def generate(lib: Any, input_ids: Any, max_new_tokens: int, *,
                  np.random.default_rng(seed), stops, pad, on_token)
 
 
-def _buffers(fn: Any, roles: DecoderRoles, batch: int, positions: int) -> StepBuffers:
+def _buffers(fn: Any, roles: DecoderRoles, batch: int, positions: int,
+             shared: bool = False) -> StepBuffers:
     """The calls' result arrays for a generation of `positions` positions in all: each
     present at most its past's shape with every position cached."""
     caches = [(_shape(p, batch, a, positions), numpy_dtype(p["dtype"]))
               for p, a in zip(roles.pasts, roles.past_axes, strict=True)]
     return StepBuffers(roles.presents, caches,
-                       [numpy_dtype(r["dtype"]) for r in getattr(fn, "results", [])])
+                       [numpy_dtype(r["dtype"]) for r in getattr(fn, "results", [])],
+                       shared=shared)
+
+
+#: The new positions a shared cache (below) holds at first; it doubles when full.
+SHARED_STEPS = 256
+
+
+def shared_cache(fn: Any, roles: DecoderRoles) -> bool:
+    """Whether `fn` writes each present in place of its own past (the results' marks,
+    kiln.runtime.in_place) and reads how much is cached from its attention mask:
+    GroupQueryAttention's shared buffer, which a loop keeps at a fixed length."""
+    params = [p["name"] for p in getattr(fn, "params", [])]
+    results = list(getattr(fn, "results", []))
+    marks = [results[r].get("in_place_of") for r in roles.presents]
+    return roles.mask is not None and all(
+        isinstance(i, int) and 0 <= i < len(params) and params[i] == p["name"]
+        for i, p in zip(marks, roles.pasts, strict=True))
 
 
 def _call(fn: Any, names: Sequence[str], feeds: Mapping[str, Any],
@@ -281,17 +299,29 @@ def _loop(fn: Any, roles: DecoderRoles, ids: np.ndarray, steps: int, fixed: Mapp
           sampling: Sampling, rng: np.random.Generator, stops: np.ndarray, pad: int,
           on_token: Callable[[np.ndarray], object] | None) -> np.ndarray:
     batch = ids.shape[0]
-    past = [np.zeros(_shape(p, batch, a), p["dtype"])
-            for p, a in zip(roles.pasts, roles.past_axes, strict=True)]
     seen, cached, step_ids = ids.astype(np.int64), 0, ids
     finished = np.zeros(batch, bool)
     new: list[np.ndarray] = []
     names = [p["name"] for p in getattr(fn, "params", [])]
-    buffers = _buffers(fn, roles, batch, ids.shape[1] + steps)
+    pairs = list(zip(roles.pasts, roles.past_axes, strict=True))
+    shared = shared_cache(fn, roles)
+    if shared:  # one buffer per past, written in place (generation_buffers)
+        length = ids.shape[1] + min(steps, SHARED_STEPS)
+        buffers = _buffers(fn, roles, batch, length + ids.shape[1], shared=True)
+        past = buffers.pasts([_shape(p, batch, a, length) for p, a in pairs])
+    else:
+        buffers = _buffers(fn, roles, batch, ids.shape[1] + steps)
+        past = [np.zeros(_shape(p, batch, a), p["dtype"]) for p, a in pairs]
     for _ in range(steps):
+        if shared and cached + step_ids.shape[1] > length:
+            length = max(2 * length, cached + step_ids.shape[1])
+            past = buffers.grow(past, [_shape(p, batch, a, length + 1) for p, a in pairs],
+                                [_shape(p, batch, a, length) for p, a in pairs],
+                                roles.past_axes, cached)
         results = _call(fn, names, _step_feeds(roles, step_ids, past, cached, fixed), buffers)
         cached += step_ids.shape[1]
-        past = [np.asarray(results[i]) for i in roles.presents]
+        if not shared:
+            past = [np.asarray(results[i]) for i in roles.presents]
         tokens = sampling.choose(np.asarray(results[roles.logits])[:, -1, :], seen, rng)
         tokens = np.where(finished, pad, tokens).astype(np.int64)
         finished |= np.isin(tokens, stops)

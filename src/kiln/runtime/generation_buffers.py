@@ -9,6 +9,13 @@ call writing its presents into the buffer its pasts are not in, the next call th
 other way round; the logits and any other result in a buffer kept while its size stays
 the same (one for the prompt's call, one for every step after). Their pages are touched
 as the cache grows, so the memory is what the fresh arrays took at their largest.
+
+A decoder whose presents are each marked in place of their past (GroupQueryAttention's
+shared buffer, kiln.runtime.in_place) gets one buffer per past instead (`shared`): the
+past is the buffer at a fixed cache length, the mask says how much of it is cached, and
+each call writes only its new rows into it, the present the past's own array. The
+buffer starts zeroed (the rows past the cached ones are read, masked out, by the
+attention) and holds the past plus one call's new rows (a present's bound).
 Numpy only, as the rest of the runtime.
 """
 
@@ -30,15 +37,20 @@ class StepBuffers:
 
     def __init__(self, presents: Sequence[int],
                  caches: Sequence[tuple[tuple[int, ...], np.dtype[Any]]],
-                 dtypes: Sequence[np.dtype[Any]]) -> None:
+                 dtypes: Sequence[np.dtype[Any]], *, shared: bool = False) -> None:
         self._present_of = {r: k for k, r in enumerate(presents)}
-        try:
-            self._caches = [(np.empty(math.prod(shape), dtype), np.empty(math.prod(shape), dtype))
-                            for shape, dtype in caches]
-        except (MemoryError, ValueError):
-            # more than the memory can reserve (a max_new_tokens far past where a stop
-            # token ends it): each call allocates its presents, as they grow
-            self._caches = [(np.empty(0, dtype), np.empty(0, dtype)) for _, dtype in caches]
+        self.shared = shared
+        if shared:  # one zeroed buffer per past, both turns (see the module docstring)
+            self._caches = [(flat, flat) for flat in
+                            (np.zeros(math.prod(shape), dtype) for shape, dtype in caches)]
+        else:
+            try:
+                self._caches = [(np.empty(math.prod(shape), dtype),
+                                 np.empty(math.prod(shape), dtype)) for shape, dtype in caches]
+            except (MemoryError, ValueError):
+                # more than the memory can reserve (a max_new_tokens far past where a stop
+                # token ends it): each call allocates its presents, as they grow
+                self._caches = [(np.empty(0, dtype), np.empty(0, dtype)) for _, dtype in caches]
         self._dtypes = list(dtypes)
         self._others: dict[int, np.ndarray] = {}
         self._turn = 0
@@ -62,6 +74,24 @@ class StepBuffers:
             arrays.append(flat[:size].reshape(shape))
         self._turn = 1 - turn
         return arrays
+
+    def pasts(self, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+        """The shared buffers as the pasts of these shapes (`shared` only)."""
+        return [flat[:math.prod(shape)].reshape(shape)
+                for (flat, _), shape in zip(self._caches, shapes, strict=True)]
+
+    def grow(self, pasts: Sequence[np.ndarray], caches: Sequence[tuple[int, ...]],
+             shapes: Sequence[tuple[int, ...]], axes: Sequence[int],
+             cached: int) -> list[np.ndarray]:
+        """New shared buffers of `caches` sizes, with the `cached` rows of `pasts` copied
+        into them along each one's cache axis; the pasts at `shapes` (`shared` only)."""
+        self._caches = [(flat, flat) for flat in (np.zeros(math.prod(size), past.dtype)
+                                                  for past, size in zip(pasts, caches))]
+        grown = self.pasts(shapes)
+        for old, new, axis in zip(pasts, grown, axes, strict=True):
+            rows = (slice(None),) * axis + (slice(0, cached),)
+            new[rows] = old[rows]
+        return grown
 
 
 __all__ = ["StepBuffers"]

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 LIBRARY_FORMAT = "kiln.library"
 SOURCE_FORMATS = ("c", "ll", "asm")
-MAX_LIBRARY_VERSION = 8  # newest library metadata version this runtime reads
+MAX_LIBRARY_VERSION = 9  # newest library metadata version this runtime reads
 
 
 class Module:

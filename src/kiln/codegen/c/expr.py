@@ -29,6 +29,7 @@ from kiln.codegen.cfamily.literals import float_literal, int_literal, wrap_int
 from kiln.codegen.naming import C_TYPE_NAMES, profile_symbol
 from kiln.ir import dtype as dt
 from kiln.ir.amx import is_amx_call
+from kiln.ir.same_address import SAME_ADDRESS
 from kiln.ir.tensor import (
     DOT4_INTRINSICS,
     PROFILE_INTRINSICS,
@@ -403,6 +404,9 @@ class ExprEmitter:
     def call_extern(self, e: CallExtern, *, discard: bool = False) -> CExpr:
         """The call; `discard` when its value is unused (Evaluate): the bare call."""
         ctx = self.ctx
+        if e.name == SAME_ADDRESS:  # no function: the comparison (kiln.ir.same_address)
+            lhs, rhs = (ctx.buffer(x).name for x in e.args if isinstance(x, Buffer))
+            return CExpr(f"((int32_t)((const void*){lhs} == (const void*){rhs}))")
         if is_amx_call(e.name):
             raise ctx.error(f"{e.name}: the AMX tile calls (kiln.ir.amx) are defined by the "
                             "llvm backend only; build for kind 'llvm' (the c kind refuses "

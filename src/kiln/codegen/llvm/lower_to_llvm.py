@@ -70,6 +70,7 @@ from kiln.ir.outlined import (
     kernel_funcs,
     outlined_launches,
 )
+from kiln.ir.same_address import SAME_ADDRESS
 from kiln.ir.shape_expr import dim_product, dim_vars, to_dim_expr
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
@@ -730,6 +731,9 @@ def _intrin(fl: FunctionLowering, e: Intrin) -> ir.Value:
 
 
 def _call_extern(fl: FunctionLowering, e: CallExtern) -> ir.Value:
+    if e.name == SAME_ADDRESS:  # no function: the comparison (kiln.ir.same_address)
+        a, b = (fl.buffer_ptr(x) for x in e.args if isinstance(x, Buffer))
+        return fl.b.zext(fl.b.icmp_unsigned("==", a, b), c_type(e.dtype))
     if is_amx_call(e.name):  # defined in this module (kiln.codegen.llvm.amx)
         return _call_amx(fl, e)
     if not is_c_identifier(e.name):

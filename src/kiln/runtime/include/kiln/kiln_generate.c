@@ -11,7 +11,13 @@
    The cache is allocated once per generation, at its largest (prompt + max_new positions):
    two buffers per past, the call writing its present into the one its past is not in,
    then the two swapped; the other results' buffers are kept from call to call too (grown
-   when their size changes), so a decode step allocates nothing. */
+   when their size changes), so a decode step allocates nothing.
+   A decoder whose presents are each written in place of their past (`shared`,
+   GroupQueryAttention's shared buffer, docs/abi.md "A result in place of a parameter")
+   has one zeroed buffer per past instead, at a fixed cache length (the prompt and up to
+   KILN_HOST_GEN_SHARED_STEPS new positions, doubled when full): each call gets the past
+   at that length, the mask the positions cached, and writes its new rows in place, as
+   kiln.generate's Python loop does. */
 #if defined(KILN_HOST_GENERATE)
 #include <stdlib.h>
 
@@ -28,6 +34,8 @@ typedef int32_t (*kiln_host_token_fn)(const int64_t* tokens, int64_t batch, int6
 #define KILN_HOST_GEN_RANK 8
 /* The most dimensions of all a decoder's results together. */
 #define KILN_HOST_GEN_RESULT_DIMS 1024
+/* The new positions a shared cache holds at first. */
+#define KILN_HOST_GEN_SHARED_STEPS 256
 enum {
   KILN_HOST_GEN_BATCH = -1,   /* the prompt's rows */
   KILN_HOST_GEN_CACHED = -2,  /* the positions cached before this call */
@@ -48,6 +56,7 @@ typedef struct {
   int32_t n_pasts;
   const int32_t* pasts;       /* parameter indices */
   const int32_t* presents;    /* result indices, in the pasts' order */
+  int32_t shared;             /* 1: each present is written in place of its past */
 } kiln_host_decoder;
 
 /* The bytes of a tensor of `shape`, or -1 when they overflow size_t. */
@@ -111,6 +120,7 @@ typedef struct {
   int64_t* spare_bytes;       /* likewise of its second buffer */
   int64_t* result_bytes;      /* each result buffer's size (s->data[n_params + j]) */
   int64_t* past_shapes;       /* KILN_HOST_GEN_RANK per past: its shape in the next call */
+  int64_t length;             /* a shared cache's positions (d->shared) */
   int64_t* step_ids;          /* [batch, new] this call's token ids */
   unsigned char* finished;
 } kiln_host_gen_state;
@@ -229,7 +239,7 @@ static int32_t kiln_host_gen_param(const kiln_host_decoder* d, kiln_host_gen_sta
 static int32_t kiln_host_gen_call(const kiln_host_decoder* d, kiln_host_gen_state* s,
     int64_t batch, int64_t cached, int64_t step_new) {
   int64_t flat[KILN_HOST_GEN_RESULT_DIMS], offset = 0, bytes;
-  int32_t i, status;
+  int32_t i, p, status;
   for (i = d->n_params; i < d->n_params + d->n_results; ++i) {
     offset += d->ranks[i];
   }
@@ -250,8 +260,9 @@ static int32_t kiln_host_gen_call(const kiln_host_decoder* d, kiln_host_gen_stat
   }
   for (i = d->n_params; i < d->n_params + d->n_results; ++i) {
     int32_t p = kiln_host_gen_present_of(d, i - d->n_params);
-    void** buffer = p >= 0 ? &s->spare[p] : &s->data[i];
-    int64_t* size = p >= 0 ? &s->spare_bytes[p] : &s->result_bytes[i - d->n_params];
+    void** buffer = p < 0 ? &s->data[i] : d->shared ? &s->past[p] : &s->spare[p];
+    int64_t* size = p < 0 ? &s->result_bytes[i - d->n_params]
+        : d->shared ? &s->past_bytes[p] : &s->spare_bytes[p];
     memcpy(s->shapes + (int64_t)i * KILN_HOST_GEN_RANK, flat + offset,
         (size_t)d->ranks[i] * sizeof(int64_t));
     offset += d->ranks[i];
@@ -259,6 +270,10 @@ static int32_t kiln_host_gen_call(const kiln_host_decoder* d, kiln_host_gen_stat
         d->dtypes[i]);
     /* A present's buffer holds the longest cache; any other result's is replaced when its
        size changes (the prompt's logits are not kept through the steps after). */
+    if (p >= 0 && d->shared && (bytes < 0 || bytes > *size)) {
+      return kiln_host_fail("%s: generate: a present of %lld bytes over its shared cache of "
+          "%lld", d->name, (long long)bytes, (long long)*size);
+    }
     if (*buffer == NULL || bytes < 0 || (p >= 0 ? bytes > *size : bytes != *size)) {
       free(*buffer);
       *size = bytes;
@@ -270,7 +285,16 @@ static int32_t kiln_host_gen_call(const kiln_host_decoder* d, kiln_host_gen_stat
     }
     kiln_host_gen_tensor(s, i, *buffer, d->ranks[i], d->dtypes[i]);
   }
-  return d->call(s->args, s->codes, d->n_params + d->n_results);
+  status = d->call(s->args, s->codes, d->n_params + d->n_results);
+  for (p = 0; status == 0 && d->shared && p < d->n_pasts; ++p) {
+    i = d->n_params + d->presents[p];  /* in place: the present is the past's shape */
+    if (memcmp(s->shapes + (int64_t)i * KILN_HOST_GEN_RANK, s->past_shapes
+        + (int64_t)p * KILN_HOST_GEN_RANK, (size_t)d->ranks[i] * sizeof(int64_t)) != 0) {
+      return kiln_host_fail("%s: generate: a present written in place came back at another "
+          "length than its past's %lld", d->name, (long long)s->length);
+    }
+  }
+  return status;
 }
 
 /* After a call: each row's token from its last position's logits, the presents kept as
@@ -294,7 +318,7 @@ static int64_t kiln_host_gen_choose(const kiln_host_decoder* d, kiln_host_gen_st
     out[r * stride] = token;
     s->step_ids[r] = token;
   }
-  for (p = 0; p < d->n_pasts; ++p) {  /* the present becomes the past: swap the buffers */
+  for (p = 0; !d->shared && p < d->n_pasts; ++p) {  /* the present becomes the past */
     int32_t ri = d->n_params + d->presents[p];
     void* written = s->spare[p];
     int64_t size = s->spare_bytes[p];
@@ -306,6 +330,43 @@ static int64_t kiln_host_gen_choose(const kiln_host_decoder* d, kiln_host_gen_st
         s->shapes + (int64_t)ri * KILN_HOST_GEN_RANK, KILN_HOST_GEN_RANK * sizeof(int64_t));
   }
   return done;
+}
+
+/* A shared cache (d->shared) of s->length positions and room for `step_new` more (a
+   present's bound), zeroed, with the first `cached` positions of the one before. */
+static int32_t kiln_host_gen_shared(const kiln_host_decoder* d, kiln_host_gen_state* s,
+    int64_t batch, int64_t cached, int64_t step_new) {
+  int32_t p, k, axis;
+  for (p = 0; p < d->n_pasts; ++p) {
+    int32_t i = d->pasts[p];
+    int64_t room[KILN_HOST_GEN_RANK], *shape = s->past_shapes + (int64_t)p * KILN_HOST_GEN_RANK;
+    int64_t bytes, outer = 1, inner = (d->dtypes[i].bits + 7) / 8, o;
+    unsigned char* grown;
+    kiln_host_gen_shape(d, i, batch, s->length + step_new, 0, room);
+    bytes = kiln_host_gen_bytes(room, d->ranks[i], d->dtypes[i]);
+    grown = bytes < 0 || (uint64_t)bytes > (uint64_t)SIZE_MAX ? NULL
+        : (unsigned char*)calloc(bytes > 0 ? (size_t)bytes : 1, 1);
+    if (grown == NULL) {
+      return kiln_host_fail("%s: generate: out of memory for a cache of %lld bytes", d->name,
+          (long long)bytes);
+    }
+    for (axis = 0; axis < d->ranks[i]
+         && d->dims[(int64_t)i * KILN_HOST_GEN_RANK + axis] != KILN_HOST_GEN_CACHED; ++axis) {
+      outer *= room[axis];
+    }
+    for (k = axis + 1; k < d->ranks[i]; ++k) {
+      inner *= room[k];
+    }
+    for (o = 0; s->past[p] != NULL && cached > 0 && o < outer; ++o) {  /* rows kept */
+      memcpy(grown + o * s->length * inner,
+          (unsigned char*)s->past[p] + o * shape[axis] * inner, (size_t)(cached * inner));
+    }
+    free(s->past[p]);
+    s->past[p] = grown;
+    s->past_bytes[p] = bytes;
+    kiln_host_gen_shape(d, i, batch, s->length, 0, shape);
+  }
+  return 0;
 }
 
 static int32_t kiln_host_gen_start(const kiln_host_decoder* d, kiln_host_gen_state* s,
@@ -335,6 +396,12 @@ static int32_t kiln_host_gen_start(const kiln_host_decoder* d, kiln_host_gen_sta
       || !s->spare || !s->past_bytes || !s->spare_bytes || !s->result_bytes || !s->past_shapes || !s->step_ids
       || !s->finished) {
     return kiln_host_fail("%s: generate: out of memory", d->name);
+  }
+  if (d->shared) {
+    s->length = prompt_len + (max_new < KILN_HOST_GEN_SHARED_STEPS ? max_new
+        : KILN_HOST_GEN_SHARED_STEPS);
+    memcpy(s->step_ids, prompt, (size_t)(batch * prompt_len) * sizeof *s->step_ids);
+    return kiln_host_gen_shared(d, s, batch, 0, prompt_len);
   }
   for (p = 0; p < d->n_pasts; ++p) {
     /* Both buffers at the cache's largest, its pages touched only as the rows are written:
@@ -391,6 +458,13 @@ static KILN_UNUSED int32_t kiln_host_generate(const kiln_host_decoder* d,
   }
   status = kiln_host_gen_start(d, &s, prompt, batch, prompt_len, max_new);
   for (step = 0; status == 0 && step < max_new; ++step) {
+    if (d->shared && cached + step_new > s.length) {  /* the shared cache is full */
+      s.length = 2 * s.length > cached + step_new ? 2 * s.length : cached + step_new;
+      status = kiln_host_gen_shared(d, &s, batch, cached, step_new);
+      if (status != 0) {
+        break;
+      }
+    }
     status = kiln_host_gen_call(d, &s, batch, cached, step_new);
     if (status == 0) {
       int64_t done = kiln_host_gen_choose(d, &s, batch, stops, n_stop, pad, out + step,
