@@ -126,8 +126,9 @@ def tile_cols_for(isa: ISA, extent: int) -> int:
     Where one instruction accumulates (VNNI, `EXACT_FAMILIES`), only widths whose tile
     holds the profile's `int8_min_accumulators` compete (fewer wait on the dot
     product's latency), and the last tile counts as narrowed to the vectors it fills
-    (`computed_cols`), so the widest of them: 196 positions on AVX-512 take 4 tiles of
-    three vectors and one of one, 208 columns, not 7 tiles of two, 224 (the
+    (`computed_cols`), so the widest of them that leaves no partial tile (56 x 56 = 3136
+    positions: 98 tiles of two vectors), else the widest: 196 positions on AVX-512 take
+    4 tiles of three vectors and one of one, 208 columns, not 7 tiles of two, 224 (the
     int16-pair and `vpmaddubsw` tiles keep the widths their rules were measured with)."""
     lanes = isa.lanes("int32")
     if extent <= lanes:
@@ -138,7 +139,8 @@ def tile_cols_for(isa: ISA, extent: int) -> int:
                   >= isa.profile.int8_min_accumulators]
         widths = enough or widths
         # the last tile narrowed, every width computes the same columns: the widest
-        return min(widths, key=lambda nr: computed_cols(extent, nr, lanes))
+        # of those that leave no partial tile (one tile body to compile), else the widest
+        return min(widths, key=lambda nr: (computed_cols(extent, nr, lanes), extent % nr > 0))
     return min(widths, key=lambda nr: -(-extent // nr) * nr)
 
 
