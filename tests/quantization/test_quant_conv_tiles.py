@@ -257,9 +257,10 @@ def test_channel_tiles_of_a_dilated_unevenly_padded_convolution() -> None:
 def test_tiles_run_in_one_parallel_loop_over_both_tile_dimensions(
         shape: tuple[int, int, int, int], oc: int) -> None:
     """A layer with few tiles in one dimension (960>320 @7: 5 weight panels of 64
-    channels; 64>384 @14: 7 column tiles of 32 positions) runs all its tiles in one
-    parallel loop (panels or columns x the other dimension), not a loop over the few
-    alone (3 and 2 panels on two threads); two threads give onnxruntime's output."""
+    channels; 64>384 @14: 5 column tiles of 48 positions, the last narrowed to the one
+    vector its 4 positions fill) runs all its tiles in one parallel loop (panels or
+    columns x the other dimension), not a loop over the few alone (3 and 2 panels on two
+    threads); two threads give onnxruntime's output."""
     target = "llvm -mcpu=znver4"
     isa = isa_for(Target(target))
     positions = shape[2] * shape[3]

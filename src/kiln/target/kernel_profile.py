@@ -35,6 +35,11 @@ class KernelProfile:
     #: estimated this much cheaper: a margin for the cost estimate's error
     #: (kiln.kernels.int8.conv_tile).
     int8_transpose_gain: float = 0.92
+    #: The same where one instruction accumulates (VNNI, kiln.kernels.int8.dot.
+    #: EXACT_FAMILIES); 0: `int8_transpose_gain`. Above 1 the transposed tile is taken
+    #: where it is estimated a little dearer: the estimate counts a byte store per
+    #: output where that tile stores words of 4 channels.
+    int8_vnni_transpose_gain: float = 0.0
     #: The fewest accumulators a positions tile of the int8 convolution on VNNI holds
     #: (its width, kiln.kernels.int8.dot.tile_cols_for): a narrower tile's dot products
     #: wait on one another's latency.
@@ -71,7 +76,8 @@ PROFILES: dict[int, KernelProfile] = {
     256: KernelProfile(avx2_conv_rules=True, narrow_conv_rows=True, conv_k_blocking=True,
                        panel_copy_readers=2),
     512: KernelProfile(avx2_conv_rules=False, narrow_conv_rows=True, conv_k_blocking=True,
-                       panel_copy_readers=40, int8_min_accumulators=16,
+                       panel_copy_readers=40, int8_vnni_transpose_gain=1.02,
+                       int8_min_accumulators=16,
                        int8_position_vectors=3,
                        bf16_min_accumulators=20,
                        bf16_winograd_min_outputs=64,

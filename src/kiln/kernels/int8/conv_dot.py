@@ -214,6 +214,9 @@ class ConvSchedule:
     row_epilogue: RowEpilogue
     #: the positions tile reads its input words in place (kiln.kernels.int8.conv_in_place)
     in_place: bool
+    #: int32 lanes of a vector: the positions tile's last column tile takes the vectors
+    #: its positions fill (kiln.kernels.int8.conv_tiles.tail_cols)
+    lanes: int
 
 
 def conv_schedule(x: Buffer, ww: Buffer, bias: Buffer, multiplier: Buffer, y_zp: Buffer,
@@ -265,7 +268,7 @@ def conv_schedule(x: Buffer, ww: Buffer, bias: Buffer, multiplier: Buffer, y_zp:
         dot.dot_intrinsic(attrs), group, tile,
         worth_parallel(batch * positions * oc_n * k_total, "madd", isa, "int8"), quads,
         planes, lo, hi, RowEpilogue(bias, multiplier, y_zp, lo, hi, narrows_by_packs(isa)),
-        reads_in_place)
+        reads_in_place, isa.lanes("int32"))
 
 
 def tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer,
@@ -452,7 +455,7 @@ def on_im2col(s: ConvSchedule, grid: ImageGrid, ww: Buffer, out: Buffer, flat_ou
         nest_ = position_tiles(words, ww, flat_out, tile, s.row_epilogue, s.positions, s.oc_n,
                                s.big, s.intrinsic,
                                (block * spatial[1] // nr, fill) if block else None,
-                               out_dtype if s.out_words else None)
+                               out_dtype if s.out_words else None, s.lanes)
     views = (DeclBuffer(grid.view, src, 0),) if grid.in_grid else ()
     return (grid.split, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
 

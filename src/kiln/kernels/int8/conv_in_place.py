@@ -45,8 +45,9 @@ def in_place_pays(isa: ISA, spatial: Sequence[int], width: int) -> bool:
     grid = -(-spatial[0] * width // nr) * nr
     if width == spatial[1] and grid != spatial[0] * width:
         return False
-    im2col = -(-int(np.prod(spatial)) // dot.tile_cols_for(isa, int(np.prod(spatial)))
-               ) * dot.tile_cols_for(isa, int(np.prod(spatial)))
+    positions = int(np.prod(spatial))
+    im2col = dot.computed_cols(positions, dot.tile_cols_for(isa, positions),
+                               isa.lanes("int32"))
     return grid <= IN_PLACE_WASTE * im2col
 
 

@@ -131,19 +131,28 @@ def position_rows(isa: ISA, nr: int, channels: int, words: bool = False) -> int:
     return min(rows, channels)
 
 
+def transpose_gain(isa: ISA) -> float:
+    """How much cheaper the transposed tile must be estimated to be taken: the kernel
+    profile's margin, its VNNI one where one instruction accumulates."""
+    profile = isa.profile
+    if isa.int8_dot in dot.EXACT_FAMILIES and profile.int8_vnni_transpose_gain:
+        return profile.int8_vnni_transpose_gain
+    return profile.int8_transpose_gain
+
+
 def choose_tile(isa: ISA, positions: int, channels: int, k: int) -> ConvTile:
     """The tile of a convolution with `positions` output positions (per image),
     `channels` output channels and K = `k` (input channels x kernel taps). Output
     positions are the lanes (`dot.tile_cols_for`) unless they fill the vectors
     badly (7 x 7 = 49 positions in 64 lanes): then output channels are
     (`channels_as_lanes`), when the estimated instructions of all its tiles
-    (`tile_cost`) are below the profile's `int8_transpose_gain` of the positions tile's."""
+    (`tile_cost`) are below `transpose_gain` times the positions tile's."""
     nr = dot.tile_cols_for(isa, positions)
     best = ConvTile(False, position_rows(isa, nr, channels), nr)
     lanes = isa.lanes("int32")
     if not isa.vector_bits or channels < lanes:
         return best
-    cost = tile_cost(isa, best, positions, channels, k) * isa.profile.int8_transpose_gain
+    cost = tile_cost(isa, best, positions, channels, k) * transpose_gain(isa)
     for width in range(min(dot.tile_cols(isa), -(-channels // lanes) * lanes), 0,
                        -lanes):
         tile = ConvTile(True, channel_rows(isa, positions, width, k), width)

@@ -128,29 +128,43 @@ def position_tiles(words: Buffer | InPlace, ww: Buffer, flat_out: Buffer, tile: 
                    epilogue: RowEpilogue, positions: int, oc_n: int, big: bool,
                    intrinsic: str = DOT4_U8S8,
                    blocks: tuple[int, Callable[[PrimExpr, PrimExpr], Stmt]] | None = None,
-                   out_bytes: str | None = None) -> Stmt:
+                   out_bytes: str | None = None, lanes: int = 0) -> Stmt:
     """Tiles of output channels (a broadcast weight word each) x output positions (the
     lanes: vectors of input words, `words[n, g, p]`, or read in place, `InPlace`),
     stored along the output rows. With `blocks` (column tiles per block,
     `fill(n, block)`), the blocks run in parallel, each packing its words with `fill`
     before its column tiles. With `out_bytes` (the output's byte dtype) `flat_out` is
     int32 words of 4 channels `[N][OC / 4][positions]` (WORDS_LAYOUT): each 4 rows of
-    the tile (rows a multiple of 4) store one word per position."""
+    the tile (rows a multiple of 4) store one word per position. With `lanes` (int32
+    lanes of a vector) the last column tile is only as wide as its positions need
+    (`dot.tail_cols`); the input words must then cover no more than the positions' vectors."""
     batch, groups = int(flat_out.shape[0]), int(ww.shape[1])
     mr, nr = tile.rows, tile.cols
     col_tiles, row_tiles = -(-positions // nr), -(-oc_n // mr)
+    rest = positions - (col_tiles - 1) * nr  # positions of the last column tile
+    tail = dot.tail_cols(rest, nr, lanes)
 
     def one(n: PrimExpr, ct: PrimExpr, rt: PrimExpr) -> Stmt:
-        acc = Buffer("acc", (mr, nr), "int32", "local")
+        if tail == nr:
+            return one_of(n, ct, rt, nr, None)
+        # the last column tile narrowed to the vectors its positions fill
+        return IfThenElse(compare("lt", ct, col_tiles - 1), one_of(n, ct, rt, nr, False),
+                          one_of(n, ct, rt, tail, True))
+
+    def one_of(n: PrimExpr, ct: PrimExpr, rt: PrimExpr, width: int, last: bool | None
+               ) -> Stmt:
+        """The tile at column tile `ct` (`width` lanes from position ct * nr); `last`:
+        whether it is the last column tile (None: either)."""
+        acc = Buffer("acc", (mr, width), "int32", "local")
 
         def row(r: PrimExpr) -> PrimExpr:
             return rt * mr + r if oc_n % mr == 0 else min_(rt * mr + r, oc_n - 1)
 
         zero = tile_loop("r", mr, lambda r: tile_loop(
-            "v", nr, lambda v: Store(acc, epilogue.start(row(r)), (r, v)), "vectorized"))
+            "v", width, lambda v: Store(acc, epilogue.start(row(r)), (r, v)), "vectorized"))
 
         def products(g: PrimExpr, word: Callable[[PrimExpr], PrimExpr]) -> Stmt:
-            return tile_loop("r", mr, lambda r: tile_loop("v", nr, lambda v: Store(
+            return tile_loop("r", mr, lambda r: tile_loop("v", width, lambda v: Store(
                 acc, Intrin(intrinsic, (acc[r, v], word(ct * nr + v), ww[row(r), g])),
                 (r, v)), "vectorized"), "unrolled")
 
@@ -167,9 +181,8 @@ def position_tiles(words: Buffer | InPlace, ww: Buffer, flat_out: Buffer, tile: 
             # whole column tiles store unguarded (vector code); the last, partial one
             # stores its positions only; rows past the last channel (whose first row is
             # `first`) store nothing
-            rest = positions - (col_tiles - 1) * nr
-            stores: Stmt = lanes_loop("v", nr, store_at)
-            if rest != nr:
+            stores: Stmt = lanes_loop("v", rest if last else width, store_at)
+            if rest != nr and last is None:
                 stores = IfThenElse(compare("lt", ct, col_tiles - 1), stores,
                                     lanes_loop("v", rest, store_at))
             stores = seq(loads, stores)

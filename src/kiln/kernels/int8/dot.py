@@ -124,9 +124,12 @@ def tile_cols_for(isa: ISA, extent: int) -> int:
     (14 x 14 = 196 output positions on AVX2: 25 tiles of one vector, 200, instead of 13
     of two, 208), the widest of equals; `extent` itself when it is below one vector.
     Where one instruction accumulates (VNNI, `EXACT_FAMILIES`), only widths whose tile
-    holds the profile's `int8_min_accumulators` compete: fewer wait on the dot
-    product's latency (on AVX-512 28 x 28 = 784 positions take 25 tiles of two
-    vectors, 800, not 49 of one)."""
+    holds the profile's `int8_min_accumulators` compete (fewer wait on the dot
+    product's latency), and the last tile counts as narrowed to the vectors it fills
+    (`computed_cols`), so the widest of them that leaves no partial tile (56 x 56 = 3136
+    positions: 98 tiles of two vectors), else the widest: 196 positions on AVX-512 take
+    4 tiles of three vectors and one of one, 208 columns, not 7 tiles of two, 224 (the
+    int16-pair and `vpmaddubsw` tiles keep the widths their rules were measured with)."""
     lanes = isa.lanes("int32")
     if extent <= lanes:
         return extent
@@ -135,7 +138,27 @@ def tile_cols_for(isa: ISA, extent: int) -> int:
         enough = [nr for nr in widths if tile_rows(isa, nr) * (nr // lanes)
                   >= isa.profile.int8_min_accumulators]
         widths = enough or widths
+        # the last tile narrowed, every width computes the same columns: the widest
+        # of those that leave no partial tile (one tile body to compile), else the widest
+        return min(widths, key=lambda nr: (computed_cols(extent, nr, lanes), extent % nr > 0))
     return min(widths, key=lambda nr: -(-extent // nr) * nr)
+
+
+def computed_cols(extent: int, nr: int, lanes: int) -> int:
+    """Columns the positions tiles `nr` wide compute for `extent` positions on an im2col:
+    whole tiles, and a last one of the vectors it fills (`tail_cols`)."""
+    rest = extent % nr
+    return extent - rest + (tail_cols(rest, nr, lanes) if rest else 0)
+
+
+def tail_cols(rest: int, nr: int, lanes: int) -> int:
+    """Columns of a positions tile's last column tile, which holds `rest` of the tile's
+    `nr` positions (0: none): the whole vectors of `lanes` that cover them, as the tiles
+    compute it (kiln.kernels.int8.conv_tiles.position_tiles on an im2col: the padded
+    columns' products are a partial tile's only waste); `nr` without `lanes`."""
+    if lanes <= 0 or nr % lanes:
+        return nr
+    return min(nr, -(-rest // lanes) * lanes)
 
 
 def tile_rows(isa: ISA, nr: int) -> int:
