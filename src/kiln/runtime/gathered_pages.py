@@ -86,9 +86,9 @@ class GatheredPages:
 
     def __init__(self, ranges: Ranges, path: str, delta: int | None) -> None:
         self.ranges = ranges
-        self.path = path
+        self.path = os.path.abspath(path)  # the check may run after a chdir
         self.delta = delta
-        self._identity = _identity(path) if ranges and delta is not None else None
+        self._identity = _identity(self.path) if ranges and delta is not None else None
 
     def hand_back(self, start: int, end: int) -> None:
         """Out of the page cache and out of the resident set: the whole pages of the
