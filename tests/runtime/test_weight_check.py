@@ -3,10 +3,13 @@ hashes the chunks, a call waits only for the chunks left (hashing them itself), 
 damaged chunk never reaches a result, `close()` stops the thread before unmapping,
 a forked child finishes what the parent's thread had taken, and exit never waits; the
 pages of a constant read only by a gather are handed back once hashed, the results
-staying right (kiln.runtime.gathered_pages)."""
+staying right (kiln.runtime.gathered_pages), from their own file range, which is written
+back first, and never advised large pages."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import signal
 from pathlib import Path
@@ -17,7 +20,7 @@ import pytest
 import kiln
 from kiln.ir import IRBuilder
 from kiln.ir import graph as g
-from kiln.runtime import load_module
+from kiln.runtime import gathered_pages, load_module, page_advice
 from kiln.runtime.gathered_pages import gathered_ranges
 from kiln.runtime.weights import ChunkCheck
 from support.processes import run_python
@@ -60,8 +63,15 @@ def no_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ChunkCheck, "start", lambda self, keep=None: None)
 
 
-def test_the_background_thread_checks_everything(built):
+def test_the_background_thread_checks_everything_and_hands_the_table_back(built, monkeypatch):
     so, table = built
+    advised: list[tuple[int, int, int]] = []
+    written: list[tuple[int, bytes, int]] = []
+    real_advise = page_advice.advise
+    monkeypatch.setattr(page_advice, "advise", lambda a, n, advice: advised.append(
+        (a, n, advice)) or real_advise(a, n, advice))
+    monkeypatch.setattr(gathered_pages, "_SYNC_FILE_RANGE", lambda fd, off, n, flags: (
+        written.append((off, os.pread(fd, n, off), flags)), 0)[1])
     with load_module(so) as lib:
         check = check_of(lib)
         check.join()
@@ -72,6 +82,18 @@ def test_the_background_thread_checks_everything(built):
                     if a.file_name == "constants.bin"]
         assert len(gathered) == 1 and len(gathered[0]) == 1  # the table, not the weight
         assert gathered[0][0][1] == table.nbytes
+        ((address, length),) = check.pages.ranges  # type: ignore[attr-defined]
+        assert ctypes.string_at(address, 64) == table.tobytes()[:64]  # the table's address
+    assert written and all(flags == 7 for _, _, flags in written)  # waiting for the writes
+    written.sort()  # chunk by chunk, the file's bytes of the table, end to end
+    assert b"".join(data for _, data, _ in written) == table.tobytes()
+    assert [off for off, _, _ in written] == [
+        written[0][0] + sum(len(data) for _, data, _ in written[:i]) for i in range(len(written))]
+    first = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE  # the table's whole pages
+    last = (address + length) // mmap.PAGESIZE * mmap.PAGESIZE
+    huge = [(a, n) for a, n, advice in advised if advice == mmap.MADV_HUGEPAGE]
+    assert (first, last - first, mmap.MADV_NOHUGEPAGE) in advised  # no large pages there
+    assert huge and all(a + n <= first or a >= last for a, n in huge)
 
 
 @pytest.mark.parametrize("value", [

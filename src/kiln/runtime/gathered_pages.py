@@ -2,15 +2,18 @@
 
 The constants artifact of a library lists, as `"gathered"`, the `[offset, bytes]` of
 each constant its kernels read only at places that data picks (an embedding table:
-docs/format.md "Gathered constants"). The weight
-check (kiln.runtime.weights.WeightCheck) reads every page of the weights, which then
-stay resident; for a gathered constant most never would be (the rows no token picks).
-So once a chunk is hashed, the whole pages of gathered constants inside it are handed
-back (`hand_back`), on the library's read-only file mapping, which no one writes:
+docs/format.md "Gathered constants"). The weight check (kiln.runtime.weights.WeightCheck)
+reads every page of the weights, which then stay resident; for a gathered constant most
+never would be (the rows no token picks). So once a chunk is hashed, the whole pages of
+gathered constants inside it are handed back (`GatheredPages.hand_back`), on the
+library's read-only file mapping, which no one writes:
 
-- `MADV_NOHUGEPAGE`: the load asked for large pages on the whole blob
-  (kiln.runtime.page_advice); left so, a row's fault would read the file back in a
-  large-page folio and map it whole, 2 MiB a row;
+- the file's dirty pages of the range are written back first (`sync_file_range`, waiting
+  for the writes): a library just exported or copied in is still dirty in the page
+  cache, or being written, and reclaim skips such pages, so they stayed cached and a
+  row's fault mapped them again (a library exported in the same boot kept 22,000 of
+  the 0.49B builder model's 32,000 table pages, docs/performance.md "What a generating
+  process holds"). A clean file costs a look-up;
 - `MADV_PAGEOUT`: the pages leave the page cache too, where no other process maps
   them (Linux skips shared ones, and files the caller may not write). Otherwise a
   row's fault maps the whole large folio the page cache holds it in (2 MiB measured on
@@ -19,25 +22,33 @@ back (`hand_back`), on the library's read-only file mapping, which no one writes
   the kernel's fault-around (16 pages by default);
 - `MADV_DONTNEED`: what is still mapped leaves the resident set.
 
-Not `MADV_RANDOM` (no readahead: one page read a fault): reading the whole table then (a
-swap's private copies) took 4.5 s instead of 0.1 s. Each is skipped where the system
-lacks it. Streamed weights keep the page tables the check filled: refaulting those
-made a 1.1B model's decode a third slower (docs/performance.md, "What a generating
-process holds").
+The load never asks for large pages on these ranges (kiln.runtime.page_advice
+`advise_streamed`). Not `MADV_RANDOM` (no readahead: one page read a fault): reading
+the whole table then (a swap's private copies) took 4.5 s instead of 0.1 s. Each step
+is skipped where the system lacks it. Streamed weights keep the page tables the check
+filled: refaulting those made a 1.1B model's decode a third slower (docs/performance.md,
+"What a generating process holds").
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import mmap
+import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.errors import FormatError
 from kiln.runtime.page_advice import MADVISE, advise
 
+if TYPE_CHECKING:
+    from kiln.artifact.blob import BlobContents
 
-def gathered_ranges(value: Any, size: int, what: str) -> list[tuple[int, int]]:
+Ranges = list[tuple[int, int]]  # (address or offset, bytes), sorted, not overlapping
+
+
+def gathered_ranges(value: Any, size: int, what: str) -> Ranges:
     """The `"gathered"` metadata `value` of a data artifact of `size` bytes as sorted
     (offset, bytes) pairs; FormatError naming `what` if malformed, overlapping or out
     of the artifact."""
@@ -52,21 +63,67 @@ def gathered_ranges(value: Any, size: int, what: str) -> list[tuple[int, int]]:
     return pairs
 
 
-def drop_within(ranges: list[tuple[int, int]], start: int, end: int) -> None:
-    """`hand_back` the whole pages of `ranges` (absolute addresses, bytes) that lie
-    within [start, end)."""
-    for address, length in ranges:
-        lo, hi = max(address, start), min(address + length, end)
-        if hi > lo:
-            hand_back(lo, hi - lo)
+def gathered_in_blob(contents: BlobContents, address: int, symbol_size: int,
+                     where: str) -> Ranges:
+    """Where the gathered constants of a blob's linked data are mapped, the blob symbol
+    (of `symbol_size` bytes) being at `address`: sorted (address, bytes) pairs.
+    Linked data running past the symbol is left out (the weight check refuses it)."""
+    items = list(contents.artifacts)
+    out = []
+    for d in contents.linked:
+        a = items[d.artifact]
+        if "gathered" in a.metadata and d.offset + d.length <= symbol_size:
+            what = f"{where}: linked data {a.codegen_id}/{a.file_name}"
+            out += [(address + d.offset + off, n)
+                    for off, n in gathered_ranges(a.metadata["gathered"], d.length, what)]
+    return sorted(out)
 
 
-def hand_back(address: int, length: int) -> None:
-    """Out of the page cache and out of the resident set: the whole pages within
-    [address, address + length) of a read-only file mapping no one has written (the
-    module's docstring; nothing on a system without madvise)."""
-    for advice in _HAND_BACK:
-        advise(address, length, advice)
+class GatheredPages:
+    """The gathered constants of a loaded library (`ranges`, absolute addresses), mapped
+    from the file at `path`, the byte at address A being the file's byte A - `delta`
+    (None: not known, and the file is not written back)."""
+
+    def __init__(self, ranges: Ranges, path: str, delta: int | None) -> None:
+        self.ranges = ranges
+        self.path = os.path.abspath(path)  # the check may run after a chdir
+        self.delta = delta
+        self._identity = _identity(self.path) if ranges and delta is not None else None
+
+    def hand_back(self, start: int, end: int) -> None:
+        """Out of the page cache and out of the resident set: the whole pages of the
+        gathered constants within [start, end) (the module's docstring; nothing on a
+        system without madvise). No kernel may have run on them yet."""
+        for address, length in self.ranges:
+            lo, hi = max(address, start), min(address + length, end)
+            if hi > lo and _HAND_BACK:
+                self._write_back(lo, hi - lo)
+                for advice in _HAND_BACK:
+                    advise(lo, hi - lo, advice)
+
+    def _write_back(self, address: int, length: int) -> None:
+        """Write the file's dirty pages of [address, address + length) and wait for them,
+        if the path still names the file mapped at load (otherwise nothing)."""
+        if _SYNC_FILE_RANGE is None or self._identity is None or self.delta is None:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == self._identity:
+                _SYNC_FILE_RANGE(fd, address - self.delta, length, _SYNC_WAIT_WRITE_WAIT)
+        finally:
+            os.close(fd)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def drop_pages(address: int, length: int) -> None:
@@ -77,11 +134,26 @@ def drop_pages(address: int, length: int) -> None:
         advise(address, length, mmap.MADV_DONTNEED)
 
 
+def _libc_sync_file_range() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None).sync_file_range
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+# linux/fs.h: SYNC_FILE_RANGE_WAIT_BEFORE | _WRITE | _WAIT_AFTER (the pages written and
+# clean when it returns).
+_SYNC_WAIT_WRITE_WAIT = 1 | 2 | 4
+_SYNC_FILE_RANGE = _libc_sync_file_range()
 # MADV_PAGEOUT is 21 in linux/mman.h (Linux 5.4: EINVAL before), where the mmap module
 # does not name it; other systems get DONTNEED only.
 _PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21 if sys.platform.startswith("linux") else None)
-_HAND_BACK = tuple(a for a in (getattr(mmap, "MADV_NOHUGEPAGE", None), _PAGEOUT,
-                                getattr(mmap, "MADV_DONTNEED", None))
+_HAND_BACK = tuple(a for a in (_PAGEOUT, getattr(mmap, "MADV_DONTNEED", None))
                    if a is not None) if MADVISE is not None else ()
 
-__all__ = ["drop_pages", "drop_within", "gathered_ranges", "hand_back"]
+__all__ = ["GatheredPages", "Ranges", "drop_pages", "gathered_in_blob", "gathered_ranges"]

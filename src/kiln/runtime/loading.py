@@ -40,11 +40,12 @@ from kiln.runtime.blob_view import BlobView
 from kiln.runtime.cpu_features import check_library
 from kiln.runtime.dynsym import BlobSymbol, find_blob_symbol
 from kiln.runtime.external_weights import attach, file_check, lent_chunks
+from kiln.runtime.gathered_pages import GatheredPages, gathered_in_blob
 from kiln.runtime.library import export_library
 from kiln.runtime.loaders import LoadContext, run_loader
 from kiln.runtime.memory_library import memory_file
 from kiln.runtime.module import HostModule, LibraryModule, Module
-from kiln.runtime.page_advice import advise_large_pages
+from kiln.runtime.page_advice import advise_streamed
 from kiln.runtime.shared_constants import BorrowingCheck, attach_table
 from kiln.runtime.weights import CheckOnce, arm_check, check_weights
 
@@ -224,8 +225,11 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
         _check_cpu_features(root, contents, path)
         _build_tree(root, contents)
         address = ctypes.addressof(ctypes.c_uint8.in_dll(root.cdll, symbol))
-        advise_large_pages(address, found.size)  # before the check's first reads
-        check_weights(root, address, found.size, contents, verify_weights)
+        gathered = gathered_in_blob(contents, address, found.size, str(path))
+        advise_streamed(address, found.size, gathered)  # before the check's first reads
+        delta = None if found.file_offset is None else address - found.file_offset
+        check_weights(root, address, found.size, contents, verify_weights,
+                      GatheredPages(gathered, str(path), delta))
         if "weights" in contents.metadata:  # exported with weights="external"
             root.weights = attach(root, contents.metadata["weights"], weights)
             check: CheckOnce = file_check(root, root.weights, contents.metadata)

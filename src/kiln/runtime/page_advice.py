@@ -7,6 +7,12 @@ address and the file offset share the large page's alignment (the export aligns 
 weights so: kiln.runtime.library). A decode step streams every weight once; with 4 KiB
 entries it takes a TLB miss every 4 KiB. Only advice: a kernel without transparent huge
 pages, or set to `never`, keeps 4 KiB pages, and the weights' bytes are the same.
+
+Not on the gathered constants (an embedding table, read a row a token: docs/format.md
+"Gathered constants"), whose pages the weight check hands back
+(kiln.runtime.gathered_pages): there a fault would read and map 2 MiB a row.
+`advise_streamed` asks for large pages on the rest and `MADV_NOHUGEPAGE` on them, as
+transparent huge pages set to `always` would otherwise give them large pages too.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 
 # linux/mman.h; mmap.MADV_HUGEPAGE where Python defines it.
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
+_MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
 
 
 def _libc_madvise() -> Any:
@@ -45,10 +52,21 @@ def advise(address: int, length: int, advice: int) -> bool:
     return int(MADVISE(ctypes.c_void_p(first), ctypes.c_size_t(last - first), advice)) == 0
 
 
-def advise_large_pages(address: int, size: int) -> bool:
-    """Ask for large pages on the whole pages of [address, address + size); whether the
-    kernel took the advice (False off Linux or when it refused)."""
-    return sys.platform.startswith("linux") and advise(address, size, _MADV_HUGEPAGE)
+def advise_streamed(address: int, size: int, gathered: list[tuple[int, int]]) -> None:
+    """Large pages on [address, address + size) but for the whole pages of `gathered`
+    (sorted, not overlapping (address, bytes) pairs within it), which are asked not to
+    have them (nothing off Linux)."""
+    if not sys.platform.startswith("linux"):
+        return
+    at = address
+    for start, length in gathered:
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # the range's whole pages
+        last = (start + length) // mmap.PAGESIZE * mmap.PAGESIZE
+        if last > first:
+            advise(at, first - at, _MADV_HUGEPAGE)
+            advise(first, last - first, _MADV_NOHUGEPAGE)
+            at = last
+    advise(at, address + size - at, _MADV_HUGEPAGE)
 
 
-__all__ = ["MADVISE", "advise", "advise_large_pages"]
+__all__ = ["MADVISE", "advise", "advise_streamed"]

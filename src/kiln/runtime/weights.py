@@ -44,11 +44,11 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.artifact.integrity import DIGEST_SIZE, LANE64, chunk_count
 from kiln.errors import FormatError, UsageError
-from kiln.runtime.gathered_pages import drop_within, gathered_ranges
 from kiln.runtime.weights_check import LaneRegion, lane_regions
 
 if TYPE_CHECKING:
     from kiln.artifact.blob import BlobContents
+    from kiln.runtime.gathered_pages import GatheredPages
     from kiln.runtime.module import LibraryModule
 
 _OFF = ("0", "off", "false", "no", "never")
@@ -303,18 +303,19 @@ class WeightCheck(ChunkCheck):
 
     With `lanes` (kiln.runtime.weights_check.lane_regions of the blob's
     `weights_check` record) each datum is checked through the library's
-    `{prefix}_check_weights`; otherwise against the blob's SHA-256s.
+    `{prefix}_check_weights`; otherwise against the blob's SHA-256s. With `pages`, the
+    pages of its gathered constants are handed back chunk by chunk once hashed.
     """
 
     def __init__(self, lib: LibraryModule, address: int, symbol_size: int,
-                 contents: BlobContents, lanes: list[LaneRegion] | None = None) -> None:
+                 contents: BlobContents, lanes: list[LaneRegion] | None = None,
+                 pages: GatheredPages | None = None) -> None:
         super().__init__()
         items = list(contents.artifacts)
         by_name = {str(r.get("artifact")): (chunk, intact) for r, chunk, intact in lanes or ()}
         self.where = str(lib.path)
         self.spans = []
-        # Per span: its gathered constants, (address, bytes), whose pages go once hashed.
-        self.gathered: dict[int, list[tuple[int, int]]] = {}
+        self.pages = pages if pages is not None and pages.ranges else None
         for d in contents.linked:
             a = items[d.artifact]
             name = f"{a.codegen_id}/{a.file_name}"
@@ -327,23 +328,18 @@ class WeightCheck(ChunkCheck):
                                   "(damaged file)")
             chunk, intact = by_name.get(name, (d.chunk_size, None))
             self.spans.append((address + d.offset, d.length, chunk, d.digests, what, intact))
-            if "gathered" in a.metadata:
-                self.gathered[len(self.spans) - 1] = [
-                    (address + d.offset + off, n)
-                    for off, n in gathered_ranges(a.metadata["gathered"], d.length, what)]
         self.done = not self.spans
 
     def _hash(self, item: tuple[int, int]) -> FormatError | None:
         """Check one chunk, then hand back its pages of gathered constants
         (kiln.runtime.gathered_pages): no kernel has run yet (a call waits for the whole
-        check, a swap runs it to its end first), and the kernels fault in the rows they
-        read from the page cache the check has just filled."""
+        check, a swap runs it to its end first). Those pages leave the page cache, so
+        the kernels' faults read the rows they pick from the file."""
         failed = super()._hash(item)
-        ranges = self.gathered.get(item[0])
-        if ranges and failed is None:
+        if self.pages is not None and failed is None:
             address, length, chunk = self.spans[item[0]][:3]
             start = address + item[1] * chunk
-            drop_within(ranges, start, min(start + chunk, address + length))
+            self.pages.hand_back(start, min(start + chunk, address + length))
         return failed
 
     def regions(self) -> list[Region]:
@@ -403,14 +399,17 @@ def lane_record(lib: LibraryModule, metadata: Mapping[str, Any]) -> list[LaneReg
 
 
 def check_weights(lib: LibraryModule, address: int, symbol_size: int,
-                  contents: BlobContents, mode: bool | str | None) -> None:
+                  contents: BlobContents, mode: bool | str | None,
+                  pages: GatheredPages | None = None) -> None:
     """Check `lib`'s weights now, or in the background and before its first call, per
-    `mode`. `address` is where the blob symbol is mapped and `symbol_size` its ELF size.
+    `mode`. `address` is where the blob symbol is mapped and `symbol_size` its ELF size;
+    `pages`, its gathered constants, handed back as the check goes.
     """
     if verify_mode(mode) is False or not contents.linked:
         return
     lanes = lane_record(lib, contents.metadata)
-    arm_check(lib, WeightCheck(lib, address, symbol_size, contents, lanes), mode, keep=lib)
+    check = WeightCheck(lib, address, symbol_size, contents, lanes, pages)
+    arm_check(lib, check, mode, keep=lib)
 
 
 def arm_check(lib: LibraryModule, check: CheckOnce, mode: bool | str | None, *,
