@@ -9,7 +9,9 @@ for each row `(n, block, h)` and column `w`, the block's `b` contiguous values a
 gather again). Reads and writes stream through `b` rows at once. Lanes past the real
 channel count are not stored (leaving) or stored as zeros (entering).
 
-float32 with static shapes; other calls keep the tensor-expression definition.
+float32 with static shapes; other calls keep the tensor-expression definition, as do
+images of one position (a pooled `[N][C][1][1]`), whose two layouts hold the channels
+in the same order: a contiguous copy.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class LayoutReorder:
             blocks = -(-channels // block)
             out_shape = (n, blocks, h, w, block)
         store = fused_store(params, anchor, result, out_shape)
-        if store is None:
+        if store is None or h * w == 1:  # one position: the channels in order either way
             return None
         xb, out = store.buffers[x], store.out
 
