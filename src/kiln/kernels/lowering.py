@@ -111,6 +111,8 @@ _LAZY: dict[str, str] = {
     "avg_pool2d": "kiln.kernels.pool.lowering:AVG_POOL2D",
     "pool2d_nchwc": "kiln.kernels.pool.lowering:POOL2D_NCHWC",
 
+    # layout (kiln.kernels.layout_reorder)
+    "layout_transform": "kiln.kernels.layout_reorder:LAYOUT_REORDER",
 }
 for _op, _where in _LAZY.items():
     LOWERINGS.register(_op, lazy=_where)

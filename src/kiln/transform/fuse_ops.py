@@ -22,6 +22,10 @@ heads no group: its copy disappears anyway, and the tail after it (DenseNet's Ba
 and ReLU) reads the output in one loop, where a fused kernel has one loop per input
 (`partition-loops`), each compiled apart, over the same bytes.
 
+A unary elementwise op whose only operand is a concat (ShuffleNet's ReLU after the
+concatenation of a stride-2 unit) is first moved onto the concat's inputs, each right
+after its producer, where it joins the producer's group (kiln.transform.concat_tails).
+
 A group holds at most `max_group` ops (default `MAX_FUSED_OPS`): the fused
 kernel's expression nests one level per op, so the cap keeps every expression
 shallow however long the chain is (a 5,000-op elementwise chain becomes many
@@ -45,6 +49,7 @@ from kiln.kernels import specialisation
 from kiln.kernels.lowering import lowering_for
 from kiln.ops import get_op, te
 from kiln.target.isa import ISA
+from kiln.transform.concat_tails import move_onto_concat_inputs
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import Pass
 
@@ -84,6 +89,7 @@ def _pattern(op: str) -> str | None:
 
 def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[Any, str],
                    max_group: int, isa: ISA) -> g.Function:
+    fn = move_onto_concat_inputs(fn)
     groups = _groups(fn.bindings, var_use_counts(fn), max_group, _concat_pieces(fn))
     if not any(len(grp) > 1 for grp in groups):
         return fn
