@@ -95,8 +95,9 @@ from kiln.target.isa import ISA
 #: The output tile size the family packs with unless tuning says otherwise.
 DEFAULT_M = 4
 
-#: Columns (output x input channel pairs) `weight_transform` multiplies at a time.
-TRANSFORM_BLOCK = 8192
+#: Columns (output x input channel pairs) `weight_transform` multiplies at a time: large
+#: enough that BLAS's threads are woken a few times per model, not hundreds.
+TRANSFORM_BLOCK = 1 << 18
 
 
 def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
@@ -111,9 +112,9 @@ def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
     taps = w.reshape(n, 9)
     kron = np.kron(g, g)
     u = np.empty((kron.shape[0], n), dtype=w.dtype)
-    # In column blocks: the float64 product of a block stays in the cache and is rounded
-    # into `u` at once, instead of a float64 array 8x the weight's size (VGG-19: 640 MB of
-    # fresh memory). Each column is the same dot product, so the bits are the same.
+    # In column blocks, each float64 product rounded into `u` at once, instead of a float64
+    # array 8x the weight's size (VGG-19: 640 MB of fresh memory). Each column is the same
+    # dot product, so the bits are the same.
     for start in range(0, n, TRANSFORM_BLOCK):
         block = taps[start:start + TRANSFORM_BLOCK].T.astype(np.float64, order="C")
         u[:, start:start + block.shape[1]] = np.dot(kron, block)
