@@ -38,14 +38,29 @@ PAIR_BLOCK = 2 * PAIR_STRIDE
 Attrs = Mapping[str, Any]
 
 
+#: Elements `bf16_round` rounds at a time, and about those of one step of `pack_b_bf16`:
+#: blocks whose temporaries stay in the cache (VGG-19's 123M weights at once took
+#: several GB of uint64 temporaries).
+ROUND_BLOCK = 1 << 18
+
+
 def bf16_round(x: np.ndarray) -> np.ndarray:
     """float32 `x` rounded to bfloat16 (nearest, ties to even; NaN stays a quiet NaN), as
     float32 values."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
-    rounded = np.where(np.isnan(np.asarray(x, dtype=np.float32)), np.uint32(0x7FC00000),
-                       rounded)
-    return rounded.view(np.float32)
+    src = np.ascontiguousarray(x, dtype=np.float32)
+    flat = src.reshape(-1)
+    bits = flat.view(np.uint32)
+    out = np.empty(flat.shape, dtype=np.uint32)
+    for start in range(0, len(bits), ROUND_BLOCK):
+        b, o = bits[start:start + ROUND_BLOCK], out[start:start + ROUND_BLOCK]
+        # bits + 0x7FFF + lsb wraps around only for NaNs, which are replaced below
+        np.right_shift(b, 16, out=o)
+        o &= 1
+        o += 0x7FFF
+        o += b
+        o &= 0xFFFF0000
+        o[np.isnan(flat[start:start + ROUND_BLOCK])] = 0x7FC00000
+    return out.view(np.float32).reshape(src.shape)
 
 
 def padded_k(k: int) -> int:
@@ -55,15 +70,23 @@ def padded_k(k: int) -> int:
 
 def pack_b_bf16(b: np.ndarray, nr: int) -> np.ndarray:
     """B `[K, N]` float32 -> int32 words `[ceil(N / nr)][padded_k(K) / 2][nr]` of bfloat16
-    pairs (columns past N and rows past K zero)."""
+    pairs (columns past N and rows past K zero); a fresh read-only array (a graph constant
+    takes it without a copy)."""
     k, n = b.shape
     panels, kp = -(-n // nr), padded_k(k)
-    upper = np.zeros((kp, panels * nr), dtype=np.float32)
-    upper[:k, :n] = bf16_round(b)
-    bits = upper.view(np.uint32).reshape(kp // PAIR_BLOCK, 2, PAIR_STRIDE, panels * nr)
-    words = (bits[:, 0] >> 16) | bits[:, 1]  # [blocks][stride][N]: low half k, high k+16
-    words = words.reshape(kp // 2, panels, nr).transpose(1, 0, 2)
-    return np.ascontiguousarray(words).view(np.int32)
+    out = np.empty((panels, kp // 2, nr), dtype=np.uint32)
+    # K in steps of whole pair blocks, each rounded and paired while in the cache
+    step = max(1, ROUND_BLOCK // (panels * nr)) * PAIR_BLOCK
+    for r0 in range(0, kp, step):
+        r1 = min(r0 + step, kp)
+        upper = np.zeros((r1 - r0, panels * nr), dtype=np.float32)
+        if r0 < k:
+            upper[:min(r1, k) - r0, :n] = bf16_round(b[r0:r1])
+        bits = upper.view(np.uint32).reshape(-1, 2, PAIR_STRIDE, panels * nr)
+        words = (bits[:, 0] >> 16) | bits[:, 1]  # [blocks][stride][N]: low half k, high k+16
+        out[:, r0 // 2:r1 // 2] = words.reshape(-1, panels, nr).transpose(1, 0, 2)
+    out.flags.writeable = False
+    return out.view(np.int32)
 
 
 def unpack_b_bf16(bp: np.ndarray, k: int, n: int) -> np.ndarray:

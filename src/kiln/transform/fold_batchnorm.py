@@ -162,12 +162,15 @@ def _folded_call(conv: _Conv) -> g.Call:
 def _scaled(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """`(w.astype(float64) * scale[:, None, ...]).astype(w.dtype)`, the same bits: for a
     float weight the ufunc multiplies in float64 block by block and rounds each product
-    once into the result, with no float64 temporaries of the weight's size."""
+    once into the result, with no float64 temporaries of the weight's size. The result
+    is fresh and read-only: a graph constant takes it without a copy."""
     column = scale.reshape((-1,) + (1,) * (w.ndim - 1))
     if w.dtype not in (np.float16, np.float32, np.float64):
-        return (w.astype(np.float64) * column).astype(w.dtype)
-    out = np.empty(w.shape, w.dtype)
-    np.multiply(w, column, out=out, dtype=np.float64, casting="same_kind")
+        out = (w.astype(np.float64) * column).astype(w.dtype)
+    else:
+        out = np.empty(w.shape, w.dtype)
+        np.multiply(w, column, out=out, dtype=np.float64, casting="same_kind")
+    out.flags.writeable = False
     return out
 
 

@@ -28,6 +28,7 @@ import kiln
 from kiln.errors import TargetError
 from kiln.frontend import from_onnx
 from kiln.kernels.gemm.bf16 import panel_group
+from kiln.ops import gemm_bf16
 from kiln.ops.gemm_bf16 import bf16_round, pack_b_bf16, unpack_b_bf16
 from kiln.target import Target
 from kiln.target.isa import isa_for
@@ -102,15 +103,35 @@ def test_a_past_l2_by_a_b_of_two_l2s_is_one_panel_group() -> None:
     assert panel_group(1536, 32, 24, isa, 197) == 2    # ViT's, B 4.7 MB
 
 
-def test_pack_round_trips_the_rounded_weights() -> None:
+def test_pack_round_trips_the_rounded_weights(monkeypatch: Any) -> None:
+    # rounded in many blocks and packed in steps of one pair block of K (every bf16
+    # build packs its weights with the default block)
+    monkeypatch.setattr(gemm_bf16, "ROUND_BLOCK", 64)
     w = RNG.standard_normal((45, 70)).astype(np.float32)
     w[0, 0], w[1, 1] = np.nan, 1.0 + 2.0 ** -8  # a NaN stays NaN; a tie rounds to even
-    packed = pack_b_bf16(w, 32)
+    packed = pack_b_bf16(w.T.copy().T, 32)  # B as a Gemm's transposed weight
     assert packed.shape == (3, 32, 32) and packed.dtype == np.int32
+    assert not packed.flags.writeable  # a graph constant takes it without a copy
     back = unpack_b_bf16(packed, 45, 70)
     assert np.isnan(back[0, 0]) and back[1, 1] == 1.0
     np.testing.assert_array_equal(back[2:], bf16_round(w)[2:])
     assert np.all(np.abs(back[2:] - w[2:]) <= np.abs(w[2:]) * 2.0 ** -8)
+
+
+def test_bf16_round_matches_ml_dtypes_on_every_kind_of_value() -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bits = RNG.integers(0, 2 ** 32, 20000, dtype=np.uint64).astype(np.uint32)
+    # infinities, the largest finite values (rounding up to infinity), NaNs whose
+    # rounding sum wraps around, ties, denormals, zeros
+    bits[:12] = [0x7F800000, 0xFF800000, 0x7F7FFFFF, 0xFF7FFFFF, 0xFFFFFFFF, 0x7FFFFFFF,
+                 0xFFFF8000, 0x3F808000, 0x3F818000, 0x00008000, 0x00000000, 0x80000000]
+    x = bits.view(np.float32).reshape(100, 200)
+    got = bf16_round(x)
+    nan = np.isnan(x)
+    want = x[~nan].astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert got.shape == x.shape and np.array_equal(np.isnan(got), nan)
+    assert np.all(got.view(np.uint32)[nan] == 0x7FC00000)  # the quiet NaN
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want.view(np.uint32))
 
 
 def test_sapphirerapids_build_only() -> None:

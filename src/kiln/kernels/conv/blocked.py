@@ -111,15 +111,20 @@ def choose_tiling(shape: ConvShape, lanes: int, registers: int = 16,
 
 
 def pack_blocked_weight(w: np.ndarray, groups: int, cb: int) -> np.ndarray:
-    """OIHW weight -> `[group][co_block][ci][kh][kw][cb]`, output channels padded with zeros."""
+    """OIHW weight -> `[group][co_block][ci][kh][kw][cb]`, output channels padded with zeros
+    (a fresh read-only array, written in place: a graph constant takes it without a copy)."""
     co, ci, kh, kw = w.shape
     cog = co // groups
-    blocks = -(-cog // cb)
+    blocks, full = -(-cog // cb), cog // cb
     wg = w.reshape(groups, cog, ci, kh, kw)
-    padded = np.zeros((groups, blocks * cb, ci, kh, kw), dtype=w.dtype)
-    padded[:, :cog] = wg
-    packed = padded.reshape(groups, blocks, cb, ci, kh, kw).transpose(0, 1, 3, 4, 5, 2)
-    return np.ascontiguousarray(packed)
+    out = np.empty((groups, blocks, ci, kh, kw, cb), dtype=w.dtype)
+    out[:, :full] = wg[:, :full * cb].reshape(groups, full, cb, ci, kh, kw) \
+        .transpose(0, 1, 3, 4, 5, 2)
+    if full < blocks:
+        out[:, full] = 0
+        out[:, full, ..., :cog - full * cb] = wg[:, full * cb:].transpose(0, 2, 3, 4, 1)
+    out.flags.writeable = False
+    return out
 
 
 def pack_blocked_origin(source: wo.Origin | None, shape: Sequence[int], groups: int,

@@ -80,7 +80,6 @@ from kiln.kernels.tiles import (
 )
 from kiln.ops import layout
 from kiln.ops.conv_geometry import ConvShape, conv_shape
-from kiln.ops.gemm import pack_b
 from kiln.ops.packed_attrs import TILE, recorded_tile
 from kiln.ops.registry import call as make_call
 from kiln.ops.winograd import WINOGRAD_NCHWC as OP
@@ -91,8 +90,16 @@ from kiln.target.isa import ISA
 def pack_panels(u: np.ndarray, nr: int) -> np.ndarray:
     """`u[a*a][O][C]` -> `[a*a][ceil(O / nr)][C][nr]`: each position's `U^T` (`[C][O]`) as
     the GEMM kernel's B panels (kiln.ops.gemm.pack_b), output channels
-    zero-padded."""
-    return np.stack([pack_b(up.T, nr) for up in u])
+    zero-padded (a fresh read-only array, as `pack_b`'s: written in place, one copy)."""
+    a2, o, c = u.shape
+    panels, full = -(-o // nr), o // nr
+    out = np.empty((a2, panels, c, nr), dtype=u.dtype)
+    out[:, :full] = u[:, :full * nr].reshape(a2, full, nr, c).transpose(0, 1, 3, 2)
+    if full < panels:
+        out[:, full] = 0
+        out[:, full, :, :o - full * nr] = u[:, full * nr:].transpose(0, 2, 1)
+    out.flags.writeable = False
+    return out
 
 
 def pack_panels_origin(source: wo.Origin | None, shape: Sequence[int], nr: int
