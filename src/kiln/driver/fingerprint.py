@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -57,14 +57,16 @@ def module_fingerprint(mod: IRModule, pool: ConstantPool | None = None) -> str:
     texts: list[str] = []
     while stack:
         item = stack.pop()
-        if type(item) is _Token:
-            texts.append(item.text)
-            continue
-        children: list[Any] = []
-        offset = pool.find(item) if pool is not None and isinstance(item, np.ndarray) else None
-        texts.append(f"pooled:{offset}:{item.dtype.str}:{item.shape};" if offset is not None
-                     else _emit(item, ids, keep, children))
-        stack.extend(reversed(children))
+        cls = type(item)
+        emit = _EMITTERS.get(cls) or _emitter_for(cls)
+        offset = pool.find(item) if emit is _emit_array and pool is not None else None
+        if offset is not None:
+            texts.append(f"pooled:{offset}:{item.dtype.str}:{item.shape};")
+        else:
+            children: list[Any] = []
+            texts.append(emit(item, ids, keep, children))
+            if children:
+                stack.extend(reversed(children))
         if len(texts) >= _BATCH:
             h.update("".join(texts).encode("utf-8", "surrogatepass"))
             texts.clear()
@@ -93,44 +95,107 @@ def _sorted_items(m: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(m.items(), key=lambda kv: str(kv[0])))
 
 
-def _emit(obj: Any, ids: dict[int, int], keep: list[object], children: list[Any]) -> str:
-    """Text for `obj` itself; its parts are appended to `children` (visited next, in order)."""
-    if obj is None or isinstance(obj, (bool, int, str)):
-        return f"{type(obj).__name__}:{obj!r};"
-    if isinstance(obj, float):
-        return f"float:{obj.hex()};"
-    if isinstance(obj, np.generic):
-        return f"np.{obj.dtype}:{obj.item()!r};"
-    if isinstance(obj, np.ndarray):
-        data = np.ascontiguousarray(obj)
-        # hashlib reads the array's memory: no .tobytes() copy.
-        digest = hashlib.sha256(data.reshape(-1).view(np.uint8).data).hexdigest()
-        return f"array:{data.dtype.str}:{data.shape}:{digest};"
-    if isinstance(obj, _IDENTITY_TYPES):
-        key = id(obj)
-        if key in ids:
-            return f"ref:{ids[key]};"
-        ids[key] = len(ids)
-        keep.append(obj)
-        children.extend(_fields(obj))
-        children.append(_CLOSE_DEF)
-        return f"def:{ids[key]}:{type(obj).__name__}("
-    if isinstance(obj, Mapping):
-        for k, v in _sorted_items(obj):
-            children.extend([_Token(f"key:{k!s};"), v])
-        children.append(_CLOSE_MAP)
-        return "{"
-    if isinstance(obj, (tuple, list)):
-        children.extend(obj)
-        children.append(_CLOSE_LIST)
-        return f"[{len(obj)}:"
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        children.extend(_fields(obj))
-        children.append(_CLOSE_FIELDS)
-        return f"{type(obj).__module__}.{type(obj).__name__}("
+# How an object is hashed depends on its type only: each type's emitter is chosen once
+# (`_emitter_for`), not by a chain of isinstance tests per node. An emitter returns the
+# text of the object itself and appends its parts to `children` (visited next, in order).
+_Emitter = Callable[[Any, dict[int, int], list[object], list[Any]], str]
+
+
+def _emit_token(obj: _Token, ids: dict[int, int], keep: list[object],
+                children: list[Any]) -> str:
+    return obj.text
+
+
+def _emit_scalar(obj: Any, ids: dict[int, int], keep: list[object],
+                 children: list[Any]) -> str:
+    return f"{type(obj).__name__}:{obj!r};"
+
+
+def _emit_float(obj: float, ids: dict[int, int], keep: list[object],
+                children: list[Any]) -> str:
+    return f"float:{obj.hex()};"
+
+
+def _emit_np_scalar(obj: np.generic, ids: dict[int, int], keep: list[object],
+                    children: list[Any]) -> str:
+    return f"np.{obj.dtype}:{obj.item()!r};"
+
+
+def _emit_array(obj: np.ndarray, ids: dict[int, int], keep: list[object],
+                children: list[Any]) -> str:
+    data = np.ascontiguousarray(obj)
+    # hashlib reads the array's memory: no .tobytes() copy.
+    digest = hashlib.sha256(data.reshape(-1).view(np.uint8).data).hexdigest()
+    return f"array:{data.dtype.str}:{data.shape}:{digest};"
+
+
+def _emit_identity(obj: Any, ids: dict[int, int], keep: list[object],
+                   children: list[Any]) -> str:
+    key = id(obj)
+    if key in ids:
+        return f"ref:{ids[key]};"
+    ids[key] = len(ids)
+    keep.append(obj)
+    children.extend(_fields(obj))
+    children.append(_CLOSE_DEF)
+    return f"def:{ids[key]}:{type(obj).__name__}("
+
+
+def _emit_mapping(obj: Mapping[str, Any], ids: dict[int, int], keep: list[object],
+                  children: list[Any]) -> str:
+    for k, v in _sorted_items(obj):
+        children.extend([_Token(f"key:{k!s};"), v])
+    children.append(_CLOSE_MAP)
+    return "{"
+
+
+def _emit_sequence(obj: tuple[Any, ...] | list[Any], ids: dict[int, int],
+                   keep: list[object], children: list[Any]) -> str:
+    children.extend(obj)
+    children.append(_CLOSE_LIST)
+    return f"[{len(obj)}:"
+
+
+def _emit_dataclass(obj: Any, ids: dict[int, int], keep: list[object],
+                    children: list[Any]) -> str:
+    children.extend(_fields(obj))
+    children.append(_CLOSE_FIELDS)
+    return f"{type(obj).__module__}.{type(obj).__name__}("
+
+
+def _emit_other(obj: Any, ids: dict[int, int], keep: list[object],
+                children: list[Any]) -> str:
     # Anything else (e.g. a Target in an attribute): its text form. A repr
     # holding an address only costs a cache miss, never a wrong hit.
     return f"{type(obj).__module__}.{type(obj).__qualname__}:{obj!s};"
+
+
+_EMITTERS: dict[type, _Emitter] = {_Token: _emit_token}
+
+
+def _emitter_for(cls: type) -> _Emitter:
+    """The emitter of objects of type `cls` (the first matching rule, in order)."""
+    emit: _Emitter
+    if cls is type(None) or issubclass(cls, (bool, int, str)):
+        emit = _emit_scalar
+    elif issubclass(cls, float):
+        emit = _emit_float
+    elif issubclass(cls, np.generic):
+        emit = _emit_np_scalar
+    elif issubclass(cls, np.ndarray):
+        emit = _emit_array
+    elif issubclass(cls, _IDENTITY_TYPES):
+        emit = _emit_identity
+    elif issubclass(cls, Mapping):
+        emit = _emit_mapping
+    elif issubclass(cls, (tuple, list)):
+        emit = _emit_sequence
+    elif dataclasses.is_dataclass(cls):
+        emit = _emit_dataclass
+    else:
+        emit = _emit_other
+    _EMITTERS[cls] = emit
+    return emit
 
 
 def _fields(obj: Any) -> list[Any]:
