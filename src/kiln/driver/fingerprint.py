@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import operator
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,9 @@ def module_fingerprint(mod: IRModule, pool: ConstantPool | None = None) -> str:
     while stack:
         item = stack.pop()
         cls = type(item)
+        if cls is _Token:  # most items: the text between an object's parts
+            texts.append(item.text)
+            continue
         emit = _EMITTERS.get(cls) or _emitter_for(cls)
         offset = pool.find(item) if emit is _emit_array and pool is not None else None
         if offset is not None:
@@ -99,11 +103,6 @@ def _sorted_items(m: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 # (`_emitter_for`), not by a chain of isinstance tests per node. An emitter returns the
 # text of the object itself and appends its parts to `children` (visited next, in order).
 _Emitter = Callable[[Any, dict[int, int], list[object], list[Any]], str]
-
-
-def _emit_token(obj: _Token, ids: dict[int, int], keep: list[object],
-                children: list[Any]) -> str:
-    return obj.text
 
 
 def _emit_scalar(obj: Any, ids: dict[int, int], keep: list[object],
@@ -170,7 +169,7 @@ def _emit_other(obj: Any, ids: dict[int, int], keep: list[object],
     return f"{type(obj).__module__}.{type(obj).__qualname__}:{obj!s};"
 
 
-_EMITTERS: dict[type, _Emitter] = {_Token: _emit_token}
+_EMITTERS: dict[type, _Emitter] = {}
 
 
 def _emitter_for(cls: type) -> _Emitter:
@@ -199,20 +198,33 @@ def _emitter_for(cls: type) -> _Emitter:
 
 
 def _fields(obj: Any) -> list[Any]:
-    out: list[Any] = []
-    for token, name in _field_tokens(type(obj)):
-        out.append(token)
-        out.append(getattr(obj, name))
+    """`obj`'s fields as [`name=` token, value, ...], in field order."""
+    cls = type(obj)
+    layout = _FIELD_LAYOUT.get(cls) or _field_layout(cls)
+    out = list(layout.tokens)  # tokens at even positions, values filled in between
+    out[1::2] = layout.values(obj)
     return out
 
 
-# Each dataclass's (`name=` token, field name) pairs, in field order.
-_FIELD_TOKENS: dict[type, tuple[tuple[_Token, str], ...]] = {}
+class _FieldLayout:
+    """A dataclass's `name=` tokens (interleaved with placeholders for the values) and
+    a getter of its field values as a tuple."""
+
+    __slots__ = ("tokens", "values")
+
+    def __init__(self, cls: type) -> None:
+        names = [f.name for f in dataclasses.fields(cls)]
+        self.tokens: tuple[object, ...] = tuple(
+            part for n in names for part in (_Token(f"{n}="), None))
+        getter = operator.attrgetter(*names) if names else (lambda obj: ())
+        # attrgetter of one name returns the value itself, not a 1-tuple
+        self.values: Callable[[Any], tuple[Any, ...]] = (
+            (lambda obj: (getter(obj),)) if len(names) == 1 else getter)
 
 
-def _field_tokens(cls: type) -> tuple[tuple[_Token, str], ...]:
-    tokens = _FIELD_TOKENS.get(cls)
-    if tokens is None:
-        tokens = tuple((_Token(f"{f.name}="), f.name) for f in dataclasses.fields(cls))
-        _FIELD_TOKENS[cls] = tokens
-    return tokens
+_FIELD_LAYOUT: dict[type, _FieldLayout] = {}
+
+
+def _field_layout(cls: type) -> _FieldLayout:
+    layout = _FIELD_LAYOUT[cls] = _FieldLayout(cls)
+    return layout
