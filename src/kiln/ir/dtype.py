@@ -45,13 +45,27 @@ def check_dtype(dtype: str) -> str:
     return dtype
 
 
+# kind() and bits() run for most IR nodes of every walk (verify, passes, codegen): a
+# known dtype is one dict lookup; anything else takes check_dtype's path (and error).
+_KINDS = {name: k for name, (k, _) in DTYPES.items()}
+_BITS = {name: b for name, (_, b) in DTYPES.items()}
+
+
 def kind(dtype: str) -> str:
     """"bool", "int", "uint" or "float"."""
+    if type(dtype) is str:
+        known = _KINDS.get(dtype)
+        if known is not None:
+            return known
     return DTYPES[check_dtype(dtype)][0]
 
 
 def bits(dtype: str) -> int:
     """Width in bits (bool is stored in 8)."""
+    if type(dtype) is str:
+        known = _BITS.get(dtype)
+        if known is not None:
+            return known
     return DTYPES[check_dtype(dtype)][1]
 
 
