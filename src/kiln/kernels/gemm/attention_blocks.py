@@ -232,10 +232,7 @@ def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
     rows = block_rows(m, n, mr, isa.l2_bytes) if static else mr
     blocks = (as_expr(m, INDEX_DTYPE) + (rows - 1)) // rows if not static else -(-m // rows)
     k_batch, v_batch = tuple(ops.k.shape[:-2]), tuple(ops.v.shape[:-2])
-    bounding: list[Stmt] = []
-    packed: int | PrimExpr = n
-    if ops.counts is not None:  # pack only the keys some batch row attends
-        bounding, packed = _most_keys(ops.counts, n)
+    bounding, packed = _most_keys(ops.counts, n)  # pack only the keys some row attends
     if bf16:
         pack_k, keys, words_d, _ = pack_b_bf16_at_run_time(
             ActivationB(ops.k, k_batch, d, n, ops.transpose_b), nr, isa=isa)
@@ -267,32 +264,8 @@ def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
         first = blk * rows
         scores = Buffer("scores", (rows, n), F32)
 
-        attended: Var | None = None  # this batch row's keys (key_counts)
-        if ops.counts is not None:
-            attended = Var("attended", INDEX_DTYPE)
-            lets.append(LetStmt(attended, key_count(ops.counts[(bidx[0],)], n)))
-
-        def end(causal_end: Callable[[], PrimExpr]) -> PrimExpr | None:
-            """The first key past the causal end (`causal`) and the batch row's keys
-            (`key_counts`); None when neither bounds them."""
-            ends = ([causal_end()] if ops.causal else []) + (
-                [] if attended is None else [attended])
-            return None if not ends else ends[0] if len(ends) == 1 else min_(*ends)
-
-        def seen(t: PrimExpr) -> PrimExpr | None:
-            """The columns row tile `t` computes: through its last row's position (causal)
-            and its batch row's keys, rounded up to the grain."""
-            # one past the tile's last row's last key
-            last = end(lambda: first + t * mr + (mr + n - m))
-            if last is None:
-                return None
-            return min_(as_expr(n, INDEX_DTYPE), (last + (grain - 1)) // grain * grain)
-
-        def masked_from(r: PrimExpr) -> PrimExpr:
-            """Row `r`'s first key it does not see."""
-            first_unseen = end(lambda: first + r + (n - m + 1))
-            assert first_unseen is not None
-            return first_unseen
+        keys = _KeyBounds.of(ops, bidx, first, mr, grain, lets)
+        seen = keys.columns
 
         def scores_tile(t: Var) -> Stmt:
             def a_at(r: PrimExpr, kk: PrimExpr) -> PrimExpr:  # rows past m repeat the last one
@@ -327,7 +300,7 @@ def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
                                   lambda j, x: Store(scores, x, (r, j)), False, isa=isa)
             if columns is None:
                 return row
-            return seq(_masked_past(scores, r, masked_from(r), columns), row)
+            return seq(_masked_past(scores, r, keys.unseen(r), columns), row)
 
         def out_tile(t: Var) -> Stmt:
             def store(r: int, col: PrimExpr, x: PrimExpr) -> Stmt:
@@ -340,12 +313,8 @@ def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
                 p = p * inv[t * mr + r] if bf16 else p
                 return zero_nan(p) if ops.zero_nan else p
 
-            steps = seen(t)
-            if attended is not None and not bf16:
-                # the rows of V past the keys are not read (a cache buffer's rows past
-                # the cached ones may hold anything: 0 * NaN is NaN)
-                steps = min_(cast(PrimExpr, steps), attended)
-            return row_tile(pv.used(k=steps), (h, bidx), mr, nr, probs, store, isa)
+            return row_tile(pv.used(k=keys.value_rows(t, bf16)), (h, bidx), mr, nr, probs,
+                            store, isa)
 
         return seq(*lets, Allocate(scores), *([Allocate(inv)] if bf16 else []),
                    loop("t", rows // mr, scores_tile), loop("r", rows, softmax),
@@ -355,9 +324,66 @@ def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
                parallel_tiles(cast(Sequence[int], (heads, blocks)), block))
 
 
-def _most_keys(counts: Buffer, n: int | PrimExpr) -> tuple[list[Stmt], PrimExpr]:
+@dataclass(frozen=True)
+class _KeyBounds:
+    """The keys the row tiles of one block (its first query row `first`) see: through
+    each row's position (`causal`) and the batch row's `attended` keys (`key_counts`);
+    all `n` when neither bounds them."""
+
+    ops: Operands
+    first: PrimExpr
+    mr: int
+    grain: int
+    attended: Var | None
+
+    @staticmethod
+    def of(ops: Operands, bidx: Tile, first: PrimExpr, mr: int, grain: int,
+           lets: list[Stmt]) -> _KeyBounds:
+        """The bounds of the block at batch index `bidx`, their LetStmts added to `lets`."""
+        attended = None
+        if ops.counts is not None:
+            attended = Var("attended", INDEX_DTYPE)
+            lets.append(LetStmt(attended, key_count(ops.counts[(bidx[0],)], ops.dims[2])))
+        return _KeyBounds(ops, first, mr, grain, attended)
+
+    def _end(self, causal_end: Callable[[], PrimExpr]) -> PrimExpr | None:
+        ends = ([causal_end()] if self.ops.causal else []) + (
+            [] if self.attended is None else [self.attended])
+        return None if not ends else ends[0] if len(ends) == 1 else min_(*ends)
+
+    def columns(self, t: PrimExpr) -> PrimExpr | None:
+        """The columns row tile `t` computes (whole grains), None for all."""
+        _, m, n, _, _ = self.ops.dims
+        # one past the tile's last row's last key
+        end = self._end(lambda: self.first + t * self.mr + (self.mr + n - m))
+        if end is None:
+            return None
+        return min_(as_expr(n, INDEX_DTYPE), (end + (self.grain - 1)) // self.grain * self.grain)
+
+    def unseen(self, r: PrimExpr) -> PrimExpr:
+        """Row `r`'s first key it does not see (when `columns` bounds its tile)."""
+        _, m, n, _, _ = self.ops.dims
+        end = self._end(lambda: self.first + r + (n - m + 1))
+        assert end is not None
+        return end
+
+    def value_rows(self, t: PrimExpr, bf16: bool) -> PrimExpr | None:
+        """The rows of V row tile `t` sums over: its columns, and float32 tiles no row
+        past the attended keys (a cache buffer's rows past the cached ones may hold
+        anything, and 0 * NaN is NaN)."""
+        columns = self.columns(t)
+        if self.attended is None or bf16:
+            return columns
+        return min_(cast(PrimExpr, columns), self.attended)
+
+
+def _most_keys(counts: Buffer | None, n: int | PrimExpr
+               ) -> tuple[list[Stmt], int | PrimExpr]:
     """Statements binding the most keys any batch row attends (`key_count` of each
-    count), and that bound: the keys to pack."""
+    count), and that bound: the keys to pack (no statements and all `n` without
+    counts)."""
+    if counts is None:
+        return [], n
     most = Buffer("most_keys", (1,), INDEX_DTYPE, "local")
     bound = Var("packed_keys", INDEX_DTYPE)
     rows = as_expr(counts.shape[0], INDEX_DTYPE)

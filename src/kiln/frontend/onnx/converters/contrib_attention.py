@@ -147,8 +147,10 @@ def _present_iota(ctx: GraphContext, total: g.Expr, past: g.Expr, new: g.Expr) -
     cache, at most past for a shared buffer)."""
     length = ctx.call("maximum", ctx.call("shape_of", past, start=2, end=3),
                       ctx.call("reshape", _i64(ctx, total), shape=(1,)))
-    # the bound's rows from one lane of each head: past + seq, not the cache
-    lanes = (ctx.call("strided_slice", x, starts=(0,), ends=(1,), axes=(3,)) for x in (past, new))
+    # the bound's rows from one lane of one head of one batch row: past + seq values
+    # (topk_k reads none of them), not the cache
+    lanes = (ctx.call("strided_slice", x, starts=(0, 0, 0), ends=(1, 1, 1), axes=(0, 1, 3))
+             for x in (past, new))
     name = fresh_dim_name("present", next((o for o in ctx.node_outputs[1:] if o), "length"))
     return ctx.call("topk_k", length, ctx.call("concat", *lanes, axis=2), axis=2, dim=name,
                     error=GQA_TOTAL_ERROR)
