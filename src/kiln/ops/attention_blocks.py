@@ -14,10 +14,13 @@ float32 tensor added to the scaled (and causally masked) scores, of their rank, 
 dim 1 (broadcast) or theirs: an attention mask computed from the graph's inputs (a
 padding mask `[b, 1, 1, n]`, a decoder's 4-D mask `[b, 1, m, n]`). Attribute
 `zero_nan` (bool, default false): NaN probabilities count as 0 (torch's SDPA export,
-`where(isnan(p), 0, p)`: a row masked whole with `-inf` gives zeros, not NaN). The te
-compute (the
-fallback of targets without the kernel) and the reference are the three ops it stands
-for, each product summed as `matmul`'s.
+`where(isnan(p), 0, p)`: a row masked whole with `-inf` gives zeros, not NaN). Attribute
+`key_counts` (bool, default false): the last operand is an int64 `[batch[0]]` count of
+the keys each row of the first batch axis attends, the keys from it on masked out
+(GroupQueryAttention's `seqlens_k + 1` over a cache buffer of fixed capacity), each count
+taken clamped to [1, n]; the kernel runs its key loops to that run-time bound, not over
+all `n`. The te compute (the fallback of targets without the kernel) and the reference
+are the three ops it stands for, each product summed as `matmul`'s.
 
 `attention_tiled_bf16(q, k, v)`, the same on `precision=bf16` targets in place of two
 `matmul_tiled_bf16`: each product's operands rounded to bfloat16 (the reference rounds
@@ -34,7 +37,7 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir.shape_expr import dims_equal
-from kiln.ir.tensor import PrimExpr, intrin, select
+from kiln.ir.tensor import PrimExpr, as_expr, intrin, max_, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.gemm_bf16 import bf16_round
@@ -81,7 +84,21 @@ def sees(row: Any, key: Any, m: int, n: int) -> Any:
     return key <= row + (n - m)
 
 
+def key_count(counts: Any, n: Any) -> Any:
+    """A batch row's attended keys (numpy arrays or PrimExprs): its count clamped to
+    [1, n]."""
+    if isinstance(counts, np.ndarray):
+        return np.clip(counts, 1, n)
+    return min_(max_(counts, as_expr(1, "int64")), as_expr(n, "int64"))
+
+
 def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    if attrs.get("key_counts"):
+        counts, types = types[-1], types[:-1]
+        if counts.dtype != "int64" or counts.ndim != 1 or not types or \
+                dims_equal(counts.shape[0], types[0].shape[0]) is not True:
+            raise IRError(f"{ATTENTION}: key_counts takes an int64 count per row of the "
+                          f"first batch axis, got {counts.dtype}{list(counts.shape)}")
     if any(t.dtype != "float32" for t in types):
         raise IRError(f"{ATTENTION}: float32 operands only, got "
                       f"{', '.join(t.dtype for t in types)}")
@@ -113,7 +130,8 @@ def _materialized(t: te.Tensor, name: str) -> te.Tensor:
     return te.compute(t.shape, t.fcompute, t.dtype, name, materialize=True)
 
 
-def _scores(q: te.Tensor, k: te.Tensor, bias: te.Tensor | None, attrs: Attrs) -> te.Tensor:
+def _scores(q: te.Tensor, k: te.Tensor, bias: te.Tensor | None, counts: te.Tensor | None,
+            attrs: Attrs) -> te.Tensor:
     """The scaled (and causally masked, and biased) scores as a buffer."""
     product = matmul_compute([q, k], {"transpose_b": attrs.get("transpose_b")})
     assert product.fcompute is not None
@@ -124,15 +142,20 @@ def _scores(q: te.Tensor, k: te.Tensor, bias: te.Tensor | None, attrs: Attrs) ->
         x = f(*i) * c
         if attrs.get("causal"):
             x = select(sees(i[-2], i[-1], int(m), int(n)), x, MASKED_SCORE)
-        return x if bias is None else x + bias[bias_index(i, bias.shape)]
+        x = x if bias is None else x + bias[bias_index(i, bias.shape)]
+        if counts is not None:
+            x = select(i[-1] < key_count(counts[(i[0],)], n), x, MASKED_SCORE)
+        return x
 
     return te.compute(product.shape, scaled, product.dtype, "scores", materialize=True)
 
 
 def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     q, k, v = inputs[:3]
-    bias = inputs[3] if len(inputs) == 4 else None
-    probs = softmax_compute([_scores(q, k, bias, attrs)], {"axis": -1})
+    counts = inputs[-1] if attrs.get("key_counts") else None
+    rest = inputs[3:-1] if counts is not None else inputs[3:]
+    bias = rest[0] if rest else None
+    probs = softmax_compute([_scores(q, k, bias, counts, attrs)], {"axis": -1})
     if attrs.get("zero_nan"):
         f = probs.fcompute
         assert f is not None
@@ -142,16 +165,22 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 
 def _reference(rounded: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
-    def ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None,
+    def ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, *rest: np.ndarray,
             **attrs: Any) -> np.ndarray:
+        counts = rest[-1] if attrs.get("key_counts") else None
+        bias = (rest[:-1] if counts is not None else rest) or (None,)
         scores = matmul_ref(rounded(q), rounded(k), transpose_b=attrs.get("transpose_b", False))
         scores = scores * np.float32(attrs.get("scale", 1.0))
         if attrs.get("causal"):
             m, n = scores.shape[-2:]
             seen = sees(np.arange(m)[:, None], np.arange(n)[None, :], m, n)
             scores = np.where(seen, scores, np.float32(MASKED_SCORE))
-        if bias is not None:
-            scores = scores + bias
+        if bias[0] is not None:
+            scores = scores + bias[0]
+        if counts is not None:
+            n = scores.shape[-1]
+            limit = key_count(counts, n).reshape(-1, *[1] * (scores.ndim - 1))
+            scores = np.where(np.arange(n) < limit, scores, np.float32(MASKED_SCORE))
         probs = softmax_ref(scores, axis=-1)
         if attrs.get("zero_nan"):
             probs = np.where(np.isnan(probs), np.float32(0), probs)

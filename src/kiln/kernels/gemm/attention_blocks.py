@@ -70,6 +70,7 @@ from kiln.ir.tensor import (
     Var,
     as_expr,
     compare,
+    max_,
     min_,
     select,
     seq,
@@ -91,6 +92,7 @@ from kiln.ops.attention_blocks import (
     MASKED_SCORE,
     attention_dims,
     bias_index,
+    key_count,
     zero_nan,
 )
 from kiln.ops.broadcast import broadcast_index
@@ -162,6 +164,7 @@ class Operands:
     causal: bool = False
     bias: Buffer | None = None
     zero_nan: bool = False
+    counts: Buffer | None = None
 
     @property
     def dims(self) -> tuple[tuple[int, ...], int, int, int, int]:
@@ -184,7 +187,8 @@ class AttentionLowering(GemmLowering):
         """The blocked attention kernel; None for a fused chain, or symbolic shapes where
         the kernel takes static ones only (bfloat16, causal, the head widths)."""
         bf16 = self.op == ATTENTION_BF16
-        if anchor is not None or result is not None or len(args) not in (3, 4):
+        if anchor is not None or result is not None or \
+                len(args) - bool(attrs.get("key_counts")) not in (3, 4):
             return None
         if not all(isinstance(d, int) for t in args for d in t.shape) and (
                 bf16 or attrs.get("causal") or not all(
@@ -194,12 +198,13 @@ class AttentionLowering(GemmLowering):
             return None  # dot2_bf16 computes 16 lanes
         buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
         q, k, v = (buffers[t] for t in args[:3])
+        counts = buffers[args[-1]] if attrs.get("key_counts") else None
+        rest = args[3:-1] if counts is not None else args[3:]
         batch, m, _, _, dv = attention_dims([t.shape for t in args[:3]], attrs)
         ops = Operands(q, k, v, Buffer("out", (*batch, m, dv), F32),
                        bool(attrs.get("transpose_b")), float(attrs.get("scale", 1.0)),
-                       bool(attrs.get("causal")),
-                       buffers[args[3]] if len(args) == 4 else None,
-                       bool(attrs.get("zero_nan")))
+                       bool(attrs.get("causal")), buffers[rest[0]] if rest else None,
+                       bool(attrs.get("zero_nan")), counts)
         return PrimFunc((*(buffers[t] for t in params), ops.out),
                         attention_body(ops, bf16, isa=isa), {ATTR_GEMM_KERNEL: self.op})
 
@@ -227,6 +232,7 @@ def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
     rows = block_rows(m, n, mr, isa.l2_bytes) if static else mr
     blocks = (as_expr(m, INDEX_DTYPE) + (rows - 1)) // rows if not static else -(-m // rows)
     k_batch, v_batch = tuple(ops.k.shape[:-2]), tuple(ops.v.shape[:-2])
+    bounding, packed = _most_keys(ops.counts, n)  # pack only the keys some row attends
     if bf16:
         pack_k, keys, words_d, _ = pack_b_bf16_at_run_time(
             ActivationB(ops.k, k_batch, d, n, ops.transpose_b), nr, isa=isa)
@@ -237,8 +243,8 @@ def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
         pv = Product(n, dv, _words_at(values, v_batch, batch), words_n)
         row_tile: Callable[..., Stmt] = _bf16_row_tile
     else:
-        packing, key_at = pack_b_at_run_time(ops.k, k_batch, d, n, nr, ops.transpose_b,
-                                             isa=isa)
+        packing, key_at = pack_b_at_run_time(ops.k, k_batch, d, cast(int, packed), nr,
+                                             ops.transpose_b, isa=isa)
         # a partial last panel reads V's last column again past dv (not stored); V's
         # batch dims of 1 (a group's heads) broadcast
         qk = Product(d, n, key_at)
@@ -258,12 +264,8 @@ def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
         first = blk * rows
         scores = Buffer("scores", (rows, n), F32)
 
-        def seen(t: PrimExpr) -> PrimExpr | None:
-            """The columns row tile `t` computes: through its last row's position."""
-            if not ops.causal:
-                return None
-            last = first + t * mr + (mr + n - m)  # one past the last row's last key
-            return min_(const(n), (last + (grain - 1)) // grain * grain)
+        keys = _KeyBounds.of(ops, bidx, first, mr, grain, lets)
+        seen = keys.columns
 
         def scores_tile(t: Var) -> Stmt:
             def a_at(r: PrimExpr, kk: PrimExpr) -> PrimExpr:  # rows past m repeat the last one
@@ -298,7 +300,7 @@ def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
                                   lambda j, x: Store(scores, x, (r, j)), False, isa=isa)
             if columns is None:
                 return row
-            return seq(_masked_past(scores, r, first + r + (n - m + 1), columns), row)
+            return seq(_masked_past(scores, r, keys.unseen(r), columns), row)
 
         def out_tile(t: Var) -> Stmt:
             def store(r: int, col: PrimExpr, x: PrimExpr) -> Stmt:
@@ -311,13 +313,84 @@ def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
                 p = p * inv[t * mr + r] if bf16 else p
                 return zero_nan(p) if ops.zero_nan else p
 
-            return row_tile(pv.used(k=seen(t)), (h, bidx), mr, nr, probs, store, isa)
+            return row_tile(pv.used(k=keys.value_rows(t, bf16)), (h, bidx), mr, nr, probs,
+                            store, isa)
 
         return seq(*lets, Allocate(scores), *([Allocate(inv)] if bf16 else []),
                    loop("t", rows // mr, scores_tile), loop("r", rows, softmax),
                    loop("t", rows // mr, out_tile))
 
-    return seq(*packing, parallel_tiles(cast(Sequence[int], (heads, blocks)), block))
+    return seq(*bounding, *packing,
+               parallel_tiles(cast(Sequence[int], (heads, blocks)), block))
+
+
+@dataclass(frozen=True)
+class _KeyBounds:
+    """The keys the row tiles of one block (its first query row `first`) see: through
+    each row's position (`causal`) and the batch row's `attended` keys (`key_counts`);
+    all `n` when neither bounds them."""
+
+    ops: Operands
+    first: PrimExpr
+    mr: int
+    grain: int
+    attended: Var | None
+
+    @staticmethod
+    def of(ops: Operands, bidx: Tile, first: PrimExpr, mr: int, grain: int,
+           lets: list[Stmt]) -> _KeyBounds:
+        """The bounds of the block at batch index `bidx`, their LetStmts added to `lets`."""
+        attended = None
+        if ops.counts is not None:
+            attended = Var("attended", INDEX_DTYPE)
+            lets.append(LetStmt(attended, key_count(ops.counts[(bidx[0],)], ops.dims[2])))
+        return _KeyBounds(ops, first, mr, grain, attended)
+
+    def _end(self, causal_end: Callable[[], PrimExpr]) -> PrimExpr | None:
+        ends = ([causal_end()] if self.ops.causal else []) + (
+            [] if self.attended is None else [self.attended])
+        return None if not ends else ends[0] if len(ends) == 1 else min_(*ends)
+
+    def columns(self, t: PrimExpr) -> PrimExpr | None:
+        """The columns row tile `t` computes (whole grains), None for all."""
+        _, m, n, _, _ = self.ops.dims
+        # one past the tile's last row's last key
+        end = self._end(lambda: self.first + t * self.mr + (self.mr + n - m))
+        if end is None:
+            return None
+        return min_(as_expr(n, INDEX_DTYPE), (end + (self.grain - 1)) // self.grain * self.grain)
+
+    def unseen(self, r: PrimExpr) -> PrimExpr:
+        """Row `r`'s first key it does not see (when `columns` bounds its tile)."""
+        _, m, n, _, _ = self.ops.dims
+        end = self._end(lambda: self.first + r + (n - m + 1))
+        assert end is not None
+        return end
+
+    def value_rows(self, t: PrimExpr, bf16: bool) -> PrimExpr | None:
+        """The rows of V row tile `t` sums over: its columns, and float32 tiles no row
+        past the attended keys (a cache buffer's rows past the cached ones may hold
+        anything, and 0 * NaN is NaN)."""
+        columns = self.columns(t)
+        if self.attended is None or bf16:
+            return columns
+        return min_(cast(PrimExpr, columns), self.attended)
+
+
+def _most_keys(counts: Buffer | None, n: int | PrimExpr
+               ) -> tuple[list[Stmt], int | PrimExpr]:
+    """Statements binding the most keys any batch row attends (`key_count` of each
+    count), and that bound: the keys to pack (no statements and all `n` without
+    counts)."""
+    if counts is None:
+        return [], n
+    most = Buffer("most_keys", (1,), INDEX_DTYPE, "local")
+    bound = Var("packed_keys", INDEX_DTYPE)
+    rows = as_expr(counts.shape[0], INDEX_DTYPE)
+    gather = loop("b", rows, lambda b: Store(
+        most, max_(most[const(0)], key_count(counts[(b,)], n)), (const(0),)))
+    return [Allocate(most), Store(most, const(1), (const(0),)), gather,
+            LetStmt(bound, most[const(0)])], bound
 
 
 def _words_at(read: Callable[..., PrimExpr], dims: tuple[Any, ...], batch: tuple[Any, ...]

@@ -11,8 +11,10 @@ composed from kiln operators (docs/onnx.md, "LLM contrib operators"):
   it from the attention mask's shape), else a run-time dimension bound by its value
   (kiln.ops.data_dependent).
 
-This is correct, not fast: the scores are a materialised (seq x present) matrix per
-head. A fused kernel over the cache is later work (issue 61).
+Without softcap the attention is one `attention_tiled` call (kiln.ops.attention_blocks)
+whose key loops run to each batch row's `seqlens_k + 1` keys (`key_counts`): a step on
+a cache buffer of fixed capacity (the shared-buffer layout) reads only the cached rows.
+With softcap the scores are a materialised (seq x present) matrix per head.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from kiln.frontend.onnx.converters.registry import GraphContext, onnx_op
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import dim_text, dims_equal
 from kiln.ir.types import Dim
+from kiln.ops.attention_blocks import ATTENTION
 from kiln.ops.data_dependent import GQA_TOTAL_ERROR
 
 I64 = "int64"
@@ -144,8 +147,10 @@ def _present_iota(ctx: GraphContext, total: g.Expr, past: g.Expr, new: g.Expr) -
     cache, at most past for a shared buffer)."""
     length = ctx.call("maximum", ctx.call("shape_of", past, start=2, end=3),
                       ctx.call("reshape", _i64(ctx, total), shape=(1,)))
-    # the bound's rows from one lane of each head: past + seq, not the cache
-    lanes = (ctx.call("strided_slice", x, starts=(0,), ends=(1,), axes=(3,)) for x in (past, new))
+    # the bound's rows from one lane of one head of one batch row: past + seq values
+    # (topk_k reads none of them), not the cache
+    lanes = (ctx.call("strided_slice", x, starts=(0, 0, 0), ends=(1, 1, 1), axes=(0, 1, 3))
+             for x in (past, new))
     name = fresh_dim_name("present", next((o for o in ctx.node_outputs[1:] if o), "length"))
     return ctx.call("topk_k", length, ctx.call("concat", *lanes, axis=2), axis=2, dim=name,
                     error=GQA_TOTAL_ERROR)
@@ -192,30 +197,45 @@ def _scores_mask(ctx: GraphContext, rows: _Rows, window: int) -> g.Expr:
     return seen
 
 
-def _attend(ctx: GraphContext, q: g.Expr, k: g.Expr, v: g.Expr, seen: g.Expr, h: _Heads,
-            scale: float, softcap: float) -> g.Expr:
+def _attend(ctx: GraphContext, q: g.Expr, k: g.Expr, v: g.Expr, seen: g.Expr,
+            totals: g.Expr, h: _Heads, scale: float, softcap: float) -> g.Expr:
     """softmax(mask(softcap(Q K^T * scale))) V with each K/V head shared by `group`
     query heads: q (batch, seq, heads * head), k/v (batch, kv, L, head); the result
     (batch, seq, heads * head). A K/V head's group of query heads are the rows (group *
     seq) of one product, so both products read the cache as it is (K^T as the product's
-    transposed B, merge-copies): no copy of the keys or values each step."""
+    transposed B): no copy of the keys or values each step. Without softcap this is
+    `attention_tiled` bound to `totals` (batch,) keys per batch row (its `key_counts`)."""
     qt = ctx.tensor_type(q)
     batch, seq = qt.shape[0], qt.shape[1]
     q5 = ctx.call("transpose", reshape_to(ctx, q, (batch, seq, h.kv_heads, h.group, h.head)),
                   perm=(0, 2, 3, 1, 4))  # (batch, kv, group, seq, head)
     q4 = reshape_to(ctx, q5, (batch, h.kv_heads, h.group * seq, h.head))
-    scores = ctx.call("multiply", ctx.call("matmul", q4, ctx.call(
-        "transpose", k, perm=(0, 1, 3, 2))), ctx.const(np.array(scale, np.float32)))
-    if softcap > 0:
-        cap = ctx.const(np.array(softcap, np.float32))
-        scores = ctx.call("multiply", ctx.call("tanh", ctx.call("divide", scores, cap)), cap)
     lowest = ctx.const(np.array(np.finfo(np.float32).min, np.float32))
-    probs = ctx.call("softmax", ctx.call("where", _group_rows(ctx, seen, h), scores, lowest),
-                     axis=3)
-    out = reshape_to(ctx, ctx.call("matmul", probs, v),
-                     (batch, h.kv_heads, h.group, seq, h.head))
+    if softcap > 0:
+        out = _softcapped(ctx, q4, k, v, _group_rows(ctx, seen, h), scale, softcap)
+    else:
+        # one kernel over each batch row's keys only: a cache buffer's rows past them
+        # are not read (a step reads the cached rows, not the buffer's capacity)
+        bias = ctx.call("where", _group_rows(ctx, seen, h),
+                        ctx.const(np.array(0.0, np.float32)), lowest)
+        out = ctx.call(ATTENTION, q4, k, v, bias, totals, scale=float(np.float32(scale)),
+                       transpose_b=True, key_counts=True)
+    out = reshape_to(ctx, out, (batch, h.kv_heads, h.group, seq, h.head))
     out = ctx.call("transpose", out, perm=(0, 3, 1, 2, 4))
     return reshape_to(ctx, out, (batch, seq, h.heads * h.head))
+
+
+def _softcapped(ctx: GraphContext, q4: g.Expr, k: g.Expr, v: g.Expr, seen: g.Expr,
+                scale: float, softcap: float) -> g.Expr:
+    """softmax(mask(softcap(Q K^T * scale))) V over the whole cache (the attention
+    kernel has no softcap): q4 (batch, kv, rows, head), `seen` (batch, 1, rows, L)."""
+    scores = ctx.call("multiply", ctx.call("matmul", q4, ctx.call(
+        "transpose", k, perm=(0, 1, 3, 2))), ctx.const(np.array(scale, np.float32)))
+    cap = ctx.const(np.array(softcap, np.float32))
+    scores = ctx.call("multiply", ctx.call("tanh", ctx.call("divide", scores, cap)), cap)
+    lowest = ctx.const(np.array(np.finfo(np.float32).min, np.float32))
+    probs = ctx.call("softmax", ctx.call("where", seen, scores, lowest), axis=3)
+    return ctx.call("matmul", probs, v)
 
 
 def _group_rows(ctx: GraphContext, seen: g.Expr, h: _Heads) -> g.Expr:
@@ -301,7 +321,7 @@ def _group_query_attention(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                             for past, new in ((past_k, new_k), (past_v, new_v)))
     seen = _scores_mask(ctx, rows, int(attrs.get("local_window_size", -1)))
     scale = float(attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(h.head))
-    out = _attend(ctx, q, present_k, present_v, seen, h, scale,
+    out = _attend(ctx, q, present_k, present_v, seen, rows.totals, h, scale,
                   float(attrs.get("softcap", 0.0)))
     return [out, present_k, present_v]
 
