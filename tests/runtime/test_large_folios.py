@@ -39,8 +39,7 @@ def test_the_streamed_ranges_leave_out_the_gathered_pages():
 def mapped(tmp_path: Path) -> Iterator[tuple[str, int, int, bytes]]:
     """A file of 8 MiB + a page of random bytes, mapped read-only at a 2 MiB-aligned
     address, its blob from OFFSET: (path, the blob's address, its size, the bytes)."""
-    data = np.random.default_rng(61).integers(0, 256, 4 * LARGE + mmap.PAGESIZE,
-                                              dtype=np.uint8).tobytes()
+    data = np.random.default_rng(61).bytes(4 * LARGE + mmap.PAGESIZE)
     path = tmp_path / "lib.so"
     path.write_bytes(data)
     libc = ctypes.CDLL(None)
@@ -69,6 +68,7 @@ def dropped(monkeypatch: pytest.MonkeyPatch, pmd: list[int]) -> list[tuple[str, 
     as well; `pmd` the FilePmdMapped readings it gets, in order."""
     calls: list[tuple[str, int, int]] = []
     readings = iter(pmd)
+    monkeypatch.setenv(large_folios.ENABLE, "1")
     monkeypatch.setattr(large_folios, "pmd_mapped_kib", lambda: next(readings))
     monkeypatch.setattr(large_folios, "_large_page", lambda: LARGE)
     sync, fadvise, advise = large_folios.SYNC_FILE_RANGE, os.posix_fadvise, large_folios.advise
@@ -101,3 +101,11 @@ def test_nothing_is_dropped_where_the_probe_maps_a_large_page(mapped, monkeypatc
     assert not large_folios.reread_small_folios(path, address, size, OFFSET + 4096, [])
     assert calls == []
     assert ctypes.string_at(address - OFFSET, len(data)) == data
+
+
+def test_nothing_is_dropped_unless_asked(mapped, monkeypatch):
+    path, address, size, _ = mapped
+    calls = dropped(monkeypatch, [0, 0])
+    monkeypatch.delenv(large_folios.ENABLE)
+    assert not large_folios.reread_small_folios(path, address, size, OFFSET, [])
+    assert calls == []

@@ -7,7 +7,8 @@ made just before the load (`cp`, a download) is cached as its writer wrote it, i
 folios of the write's size, and stays mapped with 4 KiB entries for as long as those
 pages stay cached. `MADV_COLLAPSE` would rebuild them in place, but Linux takes it on a
 file mapping only with `CONFIG_READ_ONLY_THP_FOR_FS` (EINVAL otherwise: not on the
-kernels we run), so the loader asks it and, when it is refused, gets the pages read again:
+kernels we run), so with `$KILN_REREAD_LARGE_PAGES=1` the loader asks it and, when it
+is refused, gets the pages read again:
 
 - a probe: one 2 MiB window of the streamed weights is read, and the process's
   `FilePmdMapped` (/proc/self/smaps_rollup) tells whether it was mapped whole; only
@@ -20,7 +21,8 @@ kernels we run), so the loader asks it and, when it is refused, gets the pages r
 
 The cost is the write-back of what the copy left dirty and a read of the weights from the
 disk instead of the page cache (docs/performance.md "A copied library's weights in 2 MiB
-pages"). All of it is advice: off Linux, without transparent huge pages or
+pages": a second or more on a 1.9 GB library, for no decode gain measured yet), hence
+opt-in. All of it is advice: off Linux, without transparent huge pages or
 /proc/self/smaps_rollup, or when the probe's window is mapped whole, nothing happens.
 """
 
@@ -39,6 +41,7 @@ from kiln.runtime.page_advice import (
     streamed_ranges,
 )
 
+ENABLE = "KILN_REREAD_LARGE_PAGES"
 _MADV_COLLAPSE = 25  # linux/mman.h (Linux 6.1)
 _THP = "/sys/kernel/mm/transparent_hugepage/"
 
@@ -82,9 +85,10 @@ def reread_small_folios(path: str, address: int, size: int, file_offset: int | N
     """Get the streamed weights in [address, address + size) (the blob mapped from
     `file_offset` of `path`, but for the whole pages of `gathered`) read again in large
     folios where the page cache holds them in small ones (the module's docstring);
-    whether they were dropped to be read again. Call after `advise_streamed`, before
-    the weights are read."""
-    if not sys.platform.startswith("linux") or MADVISE is None or file_offset is None:
+    whether they were dropped to be read again (only with `$KILN_REREAD_LARGE_PAGES=1`).
+    Call after `advise_streamed`, before the weights are read."""
+    if (os.environ.get(ENABLE) != "1" or not sys.platform.startswith("linux")
+            or MADVISE is None or file_offset is None):
         return False
     large = _large_page()
     if large is None or (address - file_offset) % large:
@@ -115,4 +119,4 @@ def reread_small_folios(path: str, address: int, size: int, file_offset: int | N
     return True
 
 
-__all__ = ["pmd_mapped_kib", "reread_small_folios"]
+__all__ = ["ENABLE", "pmd_mapped_kib", "reread_small_folios"]
