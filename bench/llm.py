@@ -183,6 +183,11 @@ def child(args: argparse.Namespace) -> None:
     path = Path(args.child_file)
     if args.cpus:  # as `taskset -c`: the runtimes on these CPUs, the build on all
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    if args.child == "kiln" and args.copy_library:  # a deployed library: written by cp
+        copied = path.with_name(path.stem + "_copied.onnx")
+        subprocess.run(["cp", str(path.with_suffix(".so")), str(copied.with_suffix(".so"))],
+                       check=True)
+        path = copied
     step = {"kiln": _kiln_step, "ort": _ort_step, "genai": _genai_step}[args.child]
     generate = step(path, args.threads)
     # above the builder's special tokens (0-2), and no stop token: every row runs --new
@@ -212,7 +217,8 @@ def run_child(runtime: str, path: Path, args: argparse.Namespace) -> dict[str, A
     command = [sys.executable, __file__, "--child", runtime, "--child-file", str(path),
                *(f"--{k}={v}" for k, v in (("threads", args.threads), ("rounds", 1),
                                           ("prompt", args.prompt), ("new", args.new),
-                                          ("vocab", args.vocab), ("cpus", args.cpus)))]
+                                          ("vocab", args.vocab), ("cpus", args.cpus))),
+               *(["--copy-library"] if args.copy_library else [])]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{runtime} on {path.name} failed:\n{done.stderr[-3000:]}")
@@ -269,6 +275,8 @@ def main() -> None:
     parser.add_argument("--cpus", default="",
                         help="CPUs (as 0,1) each runtime's process is pinned to, as taskset "
                              "-c does (the files are built and compiled on all)")
+    parser.add_argument("--copy-library", action="store_true",
+                        help="kiln loads a copy of its library made with cp just before")
     parser.add_argument("--write-docs", action="store_true",
                         help="write the table to docs/performance.md (block 'llm')")
     parser.add_argument("--child", choices=("kiln", "ort", "genai"), help=argparse.SUPPRESS)

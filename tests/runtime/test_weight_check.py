@@ -70,7 +70,7 @@ def test_the_background_thread_checks_everything_and_hands_the_table_back(built,
     real_advise = page_advice.advise
     monkeypatch.setattr(page_advice, "advise", lambda a, n, advice: advised.append(
         (a, n, advice)) or real_advise(a, n, advice))
-    monkeypatch.setattr(gathered_pages, "_SYNC_FILE_RANGE", lambda fd, off, n, flags: (
+    monkeypatch.setattr(gathered_pages, "SYNC_FILE_RANGE", lambda fd, off, n, flags: (
         written.append((off, os.pread(fd, n, off), flags)), 0)[1])
     with load_module(so) as lib:
         check = check_of(lib)

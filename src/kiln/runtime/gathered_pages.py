@@ -32,7 +32,6 @@ filled: refaulting those made a 1.1B model's decode a third slower (docs/perform
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import mmap
 import os
@@ -40,7 +39,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kiln.errors import FormatError
-from kiln.runtime.page_advice import MADVISE, advise
+from kiln.runtime.page_advice import MADVISE, SYNC_FILE_RANGE, SYNC_WAIT_WRITE_WAIT, advise
 
 if TYPE_CHECKING:
     from kiln.artifact.blob import BlobContents
@@ -104,7 +103,7 @@ class GatheredPages:
     def _write_back(self, address: int, length: int) -> None:
         """Write the file's dirty pages of [address, address + length) and wait for them,
         if the path still names the file mapped at load (otherwise nothing)."""
-        if _SYNC_FILE_RANGE is None or self._identity is None or self.delta is None:
+        if SYNC_FILE_RANGE is None or self._identity is None or self.delta is None:
             return
         try:
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -113,7 +112,7 @@ class GatheredPages:
         try:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) == self._identity:
-                _SYNC_FILE_RANGE(fd, address - self.delta, length, _SYNC_WAIT_WRITE_WAIT)
+                SYNC_FILE_RANGE(fd, address - self.delta, length, SYNC_WAIT_WRITE_WAIT)
         finally:
             os.close(fd)
 
@@ -134,22 +133,6 @@ def drop_pages(address: int, length: int) -> None:
         advise(address, length, mmap.MADV_DONTNEED)
 
 
-def _libc_sync_file_range() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None).sync_file_range
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-# linux/fs.h: SYNC_FILE_RANGE_WAIT_BEFORE | _WRITE | _WAIT_AFTER (the pages written and
-# clean when it returns).
-_SYNC_WAIT_WRITE_WAIT = 1 | 2 | 4
-_SYNC_FILE_RANGE = _libc_sync_file_range()
 # MADV_PAGEOUT is 21 in linux/mman.h (Linux 5.4: EINVAL before), where the mmap module
 # does not name it; other systems get DONTNEED only.
 _PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21 if sys.platform.startswith("linux") else None)

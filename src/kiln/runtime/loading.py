@@ -41,6 +41,7 @@ from kiln.runtime.cpu_features import check_library
 from kiln.runtime.dynsym import BlobSymbol, find_blob_symbol
 from kiln.runtime.external_weights import attach, file_check, lent_chunks
 from kiln.runtime.gathered_pages import GatheredPages, gathered_in_blob
+from kiln.runtime.large_folios import reread_small_folios
 from kiln.runtime.library import export_library
 from kiln.runtime.loaders import LoadContext, run_loader
 from kiln.runtime.memory_library import memory_file
@@ -227,6 +228,7 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
         address = ctypes.addressof(ctypes.c_uint8.in_dll(root.cdll, symbol))
         gathered = gathered_in_blob(contents, address, found.size, str(path))
         advise_streamed(address, found.size, gathered)  # before the check's first reads
+        reread_small_folios(str(path), address, found.size, found.file_offset, gathered)
         delta = None if found.file_offset is None else address - found.file_offset
         check_weights(root, address, found.size, contents, verify_weights,
                       GatheredPages(gathered, str(path), delta))

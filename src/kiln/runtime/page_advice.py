@@ -52,21 +52,54 @@ def advise(address: int, length: int, advice: int) -> bool:
     return int(MADVISE(ctypes.c_void_p(first), ctypes.c_size_t(last - first), advice)) == 0
 
 
+def streamed_ranges(address: int, size: int,
+                    gathered: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The (start, end) ranges of [address, address + size) outside the whole pages of
+    `gathered` (sorted, not overlapping (address, bytes) pairs within it)."""
+    ranges, at = [], address
+    for start, length in gathered:
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # the range's whole pages
+        last = (start + length) // mmap.PAGESIZE * mmap.PAGESIZE
+        if last > first:
+            if first > at:
+                ranges.append((at, first))
+            at = last
+    if address + size > at:
+        ranges.append((at, address + size))
+    return ranges
+
+
 def advise_streamed(address: int, size: int, gathered: list[tuple[int, int]]) -> None:
     """Large pages on [address, address + size) but for the whole pages of `gathered`
     (sorted, not overlapping (address, bytes) pairs within it), which are asked not to
     have them (nothing off Linux)."""
     if not sys.platform.startswith("linux"):
         return
-    at = address
-    for start, length in gathered:
-        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # the range's whole pages
-        last = (start + length) // mmap.PAGESIZE * mmap.PAGESIZE
-        if last > first:
-            advise(at, first - at, _MADV_HUGEPAGE)
-            advise(first, last - first, _MADV_NOHUGEPAGE)
-            at = last
-    advise(at, address + size - at, _MADV_HUGEPAGE)
+    ranges = streamed_ranges(address, size, gathered)
+    for start, end in ranges:
+        advise(start, end - start, _MADV_HUGEPAGE)
+    bounds = [address, *(at for pair in ranges for at in pair), address + size]
+    for start, end in zip(bounds[::2], bounds[1::2]):  # the gathered pages between
+        advise(start, end - start, _MADV_NOHUGEPAGE)
 
 
-__all__ = ["MADVISE", "advise", "advise_streamed"]
+def _libc_sync_file_range() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None).sync_file_range
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+# linux/fs.h: SYNC_FILE_RANGE_WAIT_BEFORE | _WRITE | _WAIT_AFTER (the pages written and
+# clean when it returns).
+SYNC_WAIT_WRITE_WAIT = 1 | 2 | 4
+SYNC_FILE_RANGE = _libc_sync_file_range()  # None off Linux
+
+
+__all__ = ["MADVISE", "SYNC_FILE_RANGE", "SYNC_WAIT_WRITE_WAIT", "advise", "advise_streamed",
+           "streamed_ranges"]
