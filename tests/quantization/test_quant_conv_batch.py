@@ -97,15 +97,17 @@ def test_a_batch_beyond_the_l2_runs_in_chunks_that_fit(
 
 
 def test_vnni_positions_tiles_hold_enough_accumulators() -> None:
-    """28 x 28 = 784 positions: one vector a tile would pad none, but its 8 accumulators
-    wait on `vpdpbusd`'s latency; VNNI on zmm takes 2 vectors (800); the int16 pairs
-    (`vpmaddwd`, an add: no such chain) and AVX2 keep the least padding."""
+    """VNNI on zmm: a tile of one vector would leave its 8 accumulators waiting on
+    `vpdpbusd`'s latency, and the last column tile computes only the vectors its positions
+    fill (no padding to pay), so the widest tile (3 vectors) is taken unless a narrower
+    one divides the positions (56 x 56 = 98 x 32); the int16 pairs (`vpmaddwd`, an add:
+    no such chain) and AVX2 keep the least padding."""
     vnni = isa_for(Target("llvm -mcpu=znver4"))
     assert vnni.profile.int8_min_accumulators == 16
     # (and no wider than 3 vectors, whose 8 rows store words of 4 channels; 56 x 56 took
     # 4 vectors of 6 rows before; 12 x 12 = 144 fills 3 whole ones)
     assert dot.position_tile_cols(vnni) == 48 < dot.tile_cols(vnni)
-    for positions, want in ((784, 32), (196, 32), (56 * 56, 32), (144, 48), (49, 32),
+    for positions, want in ((784, 48), (196, 48), (56 * 56, 32), (144, 48), (49, 48),
                             (12, 12)):
         nr = dot.tile_cols_for(vnni, positions)
         assert nr == want, positions

@@ -9,7 +9,8 @@ for each row `(n, block, h)` and column `w`, the block's `b` contiguous values a
 gather again). Reads and writes stream through `b` rows at once. Lanes past the real
 channel count are not stored (leaving) or stored as zeros (entering).
 
-float32 with static shapes; other calls keep the tensor-expression definition, as do
+float32 with a static image and channel count (the batch may be symbolic); other calls
+keep the tensor-expression definition, as do
 images of one position (a pooled `[N][C][1][1]`), whose two layouts hold the channels
 in the same order: a contiguous copy.
 """
@@ -32,11 +33,12 @@ from kiln.target.isa import ISA
 
 @dataclass(frozen=True)
 class LayoutReorder:
-    """The lowering of `layout_transform` (see the module docstring): static shapes
-    only, and an elementwise tail applied as each value is stored."""
+    """The lowering of `layout_transform` (see the module docstring): a static image and
+    channel count (the batch may be symbolic), and an elementwise tail applied as each
+    value is stored."""
 
     fuses_producers = False
-    supports_symbolic = False
+    supports_symbolic = True
 
     def builds(self, call: g.Call) -> bool:
         """float32 calls (the tensor-expression nest keeps the integer ones)."""
@@ -48,7 +50,7 @@ class LayoutReorder:
                     result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
         """The kernel (see kiln.kernels.lowering.Lowering.lower_fused)."""
         (x,) = args
-        if x.dtype != "float32" or not all(isinstance(d, int) for d in x.shape):
+        if x.dtype != "float32" or not all(isinstance(d, int) for d in x.shape[1:]):
             return None
         leaving = layout_block(str(attrs["src"]))
         block = leaving or layout_block(str(attrs["dst"]))

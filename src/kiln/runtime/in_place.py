@@ -4,7 +4,7 @@ A compiled function whose result is marked `"in_place_of": i` (docs/abi.md, "A r
 in place of a parameter"; a GroupQueryAttention's present over its past, the cache
 written in place) may be given, as that result's `out=`, parameter i's own array: the
 same first byte, the same dtype, at least the parameter's bytes. Its kernel then writes
-only what changes (kiln.ops.kv_cache). Any other overlap of a written buffer stays an
+only what changes (the cache's new rows). Any other overlap of a written buffer stays an
 error, as is a call whose result comes back at another shape than the parameter's (the
 kernel writes in place only at the parameter's shape, onnxruntime's shared buffer).
 Numpy only, as the rest of the runtime.

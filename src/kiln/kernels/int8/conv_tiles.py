@@ -169,7 +169,6 @@ def position_tiles(words: Buffer | InPlace, ww: Buffer, flat_out: Buffer, tile: 
                 (r, v)), "vectorized"), "unrolled")
 
         step = steps(words, groups, n, products)
-
         regs = epilogue.buffers()
 
         def store(r: PrimExpr, v: PrimExpr) -> Stmt:
