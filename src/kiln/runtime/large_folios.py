@@ -39,6 +39,7 @@ from kiln.runtime.page_advice import (
     SYNC_WAIT_WRITE_WAIT,
     advise,
     streamed_ranges,
+    whole_span,
 )
 
 ENABLE = "KILN_REREAD_LARGE_PAGES"
@@ -74,7 +75,7 @@ def _windows(ranges: list[tuple[int, int]], large: int) -> list[tuple[int, int]]
     """The whole aligned `large` windows of each range, as (start, end)."""
     out = []
     for start, end in ranges:
-        first, last = -(-start // large) * large, end // large * large
+        first, last = whole_span(start, end, large)
         if last > first:
             out.append((first, last))
     return out

@@ -27,26 +27,31 @@ _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 _MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
 
 
-def _libc_madvise() -> Any:
-    if not hasattr(mmap, "MADV_DONTNEED"):
-        return None
+def _libc(name: str, *argtypes: Any) -> Any:
+    """libc's `name` returning int, or None where the C library lacks it."""
     try:
-        fn = ctypes.CDLL(None).madvise
+        fn = getattr(ctypes.CDLL(None), name)
     except (AttributeError, OSError):
         return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.argtypes = argtypes
     fn.restype = ctypes.c_int
     return fn
 
 
-MADVISE = _libc_madvise()  # None where the system has no madvise
+def whole_span(start: int, end: int, unit: int = mmap.PAGESIZE) -> tuple[int, int]:
+    """The `unit`-aligned (first, last) within [start, end); last <= first when it holds
+    no whole unit."""
+    return -(-start // unit) * unit, end // unit * unit
+
+
+MADVISE = (_libc("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+           if hasattr(mmap, "MADV_DONTNEED") else None)  # None where there is no madvise
 
 
 def advise(address: int, length: int, advice: int) -> bool:
     """`madvise(advice)` on the whole pages within [address, address + length); whether
     the kernel took it (False without madvise, or when there is no whole page)."""
-    first = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
-    last = (address + length) // mmap.PAGESIZE * mmap.PAGESIZE
+    first, last = whole_span(address, address + length)
     if last <= first or MADVISE is None:
         return False
     return int(MADVISE(ctypes.c_void_p(first), ctypes.c_size_t(last - first), advice)) == 0
@@ -58,8 +63,7 @@ def streamed_ranges(address: int, size: int,
     `gathered` (sorted, not overlapping (address, bytes) pairs within it)."""
     ranges, at = [], address
     for start, length in gathered:
-        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # the range's whole pages
-        last = (start + length) // mmap.PAGESIZE * mmap.PAGESIZE
+        first, last = whole_span(start, start + length)
         if last > first:
             if first > at:
                 ranges.append((at, first))
@@ -83,23 +87,13 @@ def advise_streamed(address: int, size: int, gathered: list[tuple[int, int]]) ->
         advise(start, end - start, _MADV_NOHUGEPAGE)
 
 
-def _libc_sync_file_range() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None).sync_file_range
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    fn.restype = ctypes.c_int
-    return fn
-
-
 # linux/fs.h: SYNC_FILE_RANGE_WAIT_BEFORE | _WRITE | _WAIT_AFTER (the pages written and
 # clean when it returns).
 SYNC_WAIT_WRITE_WAIT = 1 | 2 | 4
-SYNC_FILE_RANGE = _libc_sync_file_range()  # None off Linux
+SYNC_FILE_RANGE = (_libc("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                         ctypes.c_uint)
+                   if sys.platform.startswith("linux") else None)  # None off Linux
 
 
 __all__ = ["MADVISE", "SYNC_FILE_RANGE", "SYNC_WAIT_WRITE_WAIT", "advise", "advise_streamed",
-           "streamed_ranges"]
+           "streamed_ranges", "whole_span"]
