@@ -80,6 +80,7 @@ class PackedFunction:
                                   if i >= len(self.params) or self._arguments[i].get("written"))
         # Results that may be a parameter's own buffer (kiln.runtime.in_place).
         self._in_place = in_place_pairs(self.name, self.params, self.results)
+        self._result_names = [str(r["name"]) for r in self.results]
         # Symbolic shapes (docs/dynamic-shapes.md): a dimension may be a variable's name or
         # an expression's text; a graph function lists its variables with their bounds.
         self.symbolic = any(isinstance(d, str) for i in self._tensors
@@ -123,8 +124,7 @@ class PackedFunction:
         if actual is not None:  # data-dependent sizes: views of the bound-sized buffers
             outputs = [trim_result(o, shape) for o, shape in zip(outputs, actual)]
         if self._in_place:
-            check_shapes(self.name, self._in_place, values, outputs,
-                         [str(r["name"]) for r in self.results])
+            check_shapes(self.name, self._in_place, values, outputs, self._result_names)
         if actual is None and out is not None:
             return out
         if len(outputs) == 1 and not self.tuple_result:
@@ -739,8 +739,7 @@ class NativeFunction(PackedFunction):
         finally:
             pool.give_back(slots)
         if self._in_place and out is not None:
-            check_shapes(self.name, self._in_place, args, outputs,
-                         [str(r["name"]) for r in self.results])
+            check_shapes(self.name, self._in_place, args, outputs, self._result_names)
         if out is not None and not self._runtime_axes:
             return out
         if len(outputs) == 1 and not self.tuple_result:
