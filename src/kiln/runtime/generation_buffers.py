@@ -14,8 +14,9 @@ A decoder whose presents are each marked in place of their past (GroupQueryAtten
 shared buffer, kiln.runtime.in_place) gets one buffer per past instead (`shared`): the
 past is the buffer at a fixed cache length, the mask says how much of it is cached, and
 each call writes only its new rows into it, the present the past's own array. The
-buffer starts zeroed (the rows past the cached ones are read, masked out, by the
-attention) and holds the past plus one call's new rows (a present's bound).
+buffer starts zeroed (the attention stops at the cached rows, but its softcap form
+still reads the rest, masked out) and holds the past plus one call's new rows (a
+present's bound).
 Numpy only, as the rest of the runtime.
 """
 
