@@ -44,18 +44,19 @@ def in_place_results(fn: PrimFunc, funcs: Mapping[str, PrimFunc]) -> dict[int, i
     inputs = {p: i for i, p in enumerate(params[:split]) if isinstance(p, Buffer)}
     results = {p: j for j, p in enumerate(params[split:]) if isinstance(p, Buffer)}
     body = fn.body.body if isinstance(fn.body, SeqStmt) else (fn.body,)
-    # views of the function's storage (a result's at its actual length), by their root
-    views: dict[object, object] = {}
+    decls: dict[object, DeclBuffer] = {}
+    views: dict[object, object] = {}  # views of the function's storage, by their root
     for stmt in body:
         if isinstance(stmt, DeclBuffer):
+            decls.setdefault(stmt.buffer, stmt)
             views[stmt.buffer] = views.get(stmt.source, stmt.source)
 
     def whole(buf: object) -> object:
         """The parameter a view at its offset 0 is, else the buffer itself."""
-        for stmt in body:
-            if isinstance(stmt, DeclBuffer) and stmt.buffer is buf:
-                return whole(stmt.source) if _is_zero(stmt.byte_offset) else buf
-        return buf
+        decl = decls.get(buf)
+        if decl is None or not _is_zero(decl.byte_offset):
+            return buf
+        return whole(decl.source)
 
     first_use: dict[object, int] = {}
     last_use: dict[object, int] = {}

@@ -32,6 +32,7 @@ from enum import IntEnum
 
 from kiln.errors import KilnError
 from kiln.runtime import ctypes_abi as abi
+from kiln.runtime.libc import libc_function
 
 SKIP_ENV = "KILN_SKIP_CPU_CHECK"
 
@@ -271,9 +272,10 @@ def request_amx_permission() -> bool:
     here."""
     if platform.system() != "Linux" or machine_arch() != "x86_64":
         return True
-    libc = ctypes.CDLL(None, use_errno=True)
-    return int(libc.syscall(ctypes.c_long(_SYS_ARCH_PRCTL), ctypes.c_long(_ARCH_REQ_XCOMP_PERM),
-                            ctypes.c_long(_XFEATURE_XTILEDATA))) == 0
+    syscall = libc_function("syscall", ctypes.c_long, ctypes.c_long, ctypes.c_long,
+                            ctypes.c_long)
+    return syscall is not None and syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM,
+                                           _XFEATURE_XTILEDATA) == 0
 
 
 # Bytes of the name list `{prefix}_cpu_missing` writes (longer lists are cut short).

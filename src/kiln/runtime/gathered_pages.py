@@ -39,7 +39,14 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kiln.errors import FormatError
-from kiln.runtime.page_advice import MADVISE, SYNC_FILE_RANGE, SYNC_WAIT_WRITE_WAIT, advise
+from kiln.runtime.page_advice import (
+    MADVISE,
+    SYNC_FILE_RANGE,
+    SYNC_WAIT_WRITE_WAIT,
+    advise,
+    file_identity,
+    opened_file,
+)
 
 if TYPE_CHECKING:
     from kiln.artifact.blob import BlobContents
@@ -87,7 +94,7 @@ class GatheredPages:
         self.ranges = ranges
         self.path = os.path.abspath(path)  # the check may run after a chdir
         self.delta = delta
-        self._identity = _identity(self.path) if ranges and delta is not None else None
+        self._identity = file_identity(self.path) if ranges and delta is not None else None
 
     def hand_back(self, start: int, end: int) -> None:
         """Out of the page cache and out of the resident set: the whole pages of the
@@ -105,24 +112,9 @@ class GatheredPages:
         if the path still names the file mapped at load (otherwise nothing)."""
         if SYNC_FILE_RANGE is None or self._identity is None or self.delta is None:
             return
-        try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
-            return
-        try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) == self._identity:
+        with opened_file(self.path, self._identity) as fd:
+            if fd is not None:
                 SYNC_FILE_RANGE(fd, address - self.delta, length, SYNC_WAIT_WRITE_WAIT)
-        finally:
-            os.close(fd)
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def drop_pages(address: int, length: int) -> None:

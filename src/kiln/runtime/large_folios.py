@@ -38,6 +38,7 @@ from kiln.runtime.page_advice import (
     SYNC_FILE_RANGE,
     SYNC_WAIT_WRITE_WAIT,
     advise,
+    opened_file,
     streamed_ranges,
     whole_span,
 )
@@ -104,19 +105,15 @@ def reread_small_folios(path: str, address: int, size: int, file_offset: int | N
         return False
     if all(advise(start, end - start, _MADV_COLLAPSE) for start, end in windows):
         return False
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return False
-    try:
+    with opened_file(path) as fd:
+        if fd is None:
+            return False
         for start, end in windows:
             offset = start - address + file_offset
             if SYNC_FILE_RANGE is not None:
                 SYNC_FILE_RANGE(fd, offset, end - start, SYNC_WAIT_WRITE_WAIT)
             advise(start, end - start, mmap.MADV_DONTNEED)
             os.posix_fadvise(fd, offset, end - start, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
     return True
 
 

@@ -19,23 +19,16 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import sys
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from kiln.runtime.libc import libc_function
 
 # linux/mman.h; mmap.MADV_HUGEPAGE where Python defines it.
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 _MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
-
-
-def _libc(name: str, *argtypes: Any) -> Any:
-    """libc's `name` returning int, or None where the C library lacks it."""
-    try:
-        fn = getattr(ctypes.CDLL(None), name)
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = argtypes
-    fn.restype = ctypes.c_int
-    return fn
 
 
 def whole_span(start: int, end: int, unit: int = mmap.PAGESIZE) -> tuple[int, int]:
@@ -44,7 +37,7 @@ def whole_span(start: int, end: int, unit: int = mmap.PAGESIZE) -> tuple[int, in
     return -(-start // unit) * unit, end // unit * unit
 
 
-MADVISE = (_libc("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+MADVISE = (libc_function("madvise", ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
            if hasattr(mmap, "MADV_DONTNEED") else None)  # None where there is no madvise
 
 
@@ -90,10 +83,39 @@ def advise_streamed(address: int, size: int, gathered: list[tuple[int, int]]) ->
 # linux/fs.h: SYNC_FILE_RANGE_WAIT_BEFORE | _WRITE | _WAIT_AFTER (the pages written and
 # clean when it returns).
 SYNC_WAIT_WRITE_WAIT = 1 | 2 | 4
-SYNC_FILE_RANGE = (_libc("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                         ctypes.c_uint)
+SYNC_FILE_RANGE = (libc_function("sync_file_range", ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+                                 ctypes.c_int64, ctypes.c_uint)
                    if sys.platform.startswith("linux") else None)  # None off Linux
 
 
+
+
+def file_identity(path: str) -> tuple[int, int] | None:
+    """The (device, inode) `path` names now, or None where it names nothing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+@contextmanager
+def opened_file(path: str, identity: tuple[int, int] | None = None) -> Iterator[int | None]:
+    """A read-only descriptor of `path` for page-cache calls (`sync_file_range`,
+    `posix_fadvise`), closed after; None where it cannot be opened or, given `identity`
+    (`file_identity` at load), where the path names another file now (the library was
+    replaced since: its pages are not the mapped ones)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        yield None
+        return
+    try:
+        st = os.fstat(fd)
+        yield fd if identity is None or (st.st_dev, st.st_ino) == identity else None
+    finally:
+        os.close(fd)
+
+
 __all__ = ["MADVISE", "SYNC_FILE_RANGE", "SYNC_WAIT_WRITE_WAIT", "advise", "advise_streamed",
-           "streamed_ranges", "whole_span"]
+           "file_identity", "opened_file", "streamed_ranges", "whole_span"]

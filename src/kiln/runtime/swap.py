@@ -45,7 +45,9 @@ import numpy as np
 from kiln.artifact.elf import SHT_SYMTAB, read_symbols
 from kiln.errors import ArgumentTypeError, FormatError, UsageError
 from kiln.runtime import ctypes_abi
+from kiln.runtime.libc import libc_function
 from kiln.runtime.onnx_weights import read_onnx_weights
+from kiln.runtime.page_advice import MADVISE
 from kiln.runtime.shared_constants import before_swap
 
 if TYPE_CHECKING:
@@ -266,23 +268,27 @@ def _writable(start: int, length: int) -> Iterator[None]:
     spans = _mappings(lo, hi)
     if sum(b - a for a, b, _ in spans) != hi - lo:
         raise UsageError(f"the constants at 0x{start:x} are not mapped as expected")
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    mprotect = libc_function("mprotect", ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
+                             ctypes.c_int)
+    if mprotect is None:
+        raise UsageError("cannot make the constants' pages writable: the C library has no "
+                         "mprotect; nothing was changed")
     done = []
     try:
         for a, b, prot in spans:
-            if libc.mprotect(a, b - a, prot | mmap.PROT_READ | mmap.PROT_WRITE) != 0:
+            if mprotect(a, b - a, prot | mmap.PROT_READ | mmap.PROT_WRITE) != 0:
                 raise UsageError(f"cannot make the constants' pages writable (mprotect: "
                                  f"{os.strerror(ctypes.get_errno())}); nothing was changed")
             done.append((a, b, prot))
         # Fault the private copies (of the old bytes: a call reading them meanwhile sees
         # no change) in now, with one call where Linux can (5.14+), so the calls wait
         # only for the copy; elsewhere the copy faults them in.
-        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_POPULATE_WRITE)
+        if MADVISE is not None:
+            MADVISE(lo, hi - lo, _MADV_POPULATE_WRITE)
         yield
     finally:
         for a, b, prot in done:
-            libc.mprotect(a, b - a, prot)
+            mprotect(a, b - a, prot)
 
 
 # {prefix}_swap_weight(i, &name, &dtype, &ndim, &shape) and {prefix}_swap_weights(raw, n).

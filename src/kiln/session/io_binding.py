@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kiln.errors import ArgumentTypeError, CallError, UsageError, shown
+from kiln.runtime.libc import libc_function
 from kiln.session import ort_names
 from kiln.session.node_arg import NodeArg, ort_type
 from kiln.session.ort_value import OrtValue
@@ -217,11 +218,8 @@ def _address(name: str, buffer_ptr: Any, size: int) -> int:
 
 @functools.cache
 def _mincore() -> Any:
-    libc = ctypes.CDLL(None, use_errno=True)
-    fn = libc.mincore
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-    fn.restype = ctypes.c_int
-    return fn
+    return libc_function("mincore", ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
+                         ctypes.POINTER(ctypes.c_ubyte))
 
 
 # Pages asked about per mincore call, so a large buffer needs no large answer vector.
@@ -231,14 +229,15 @@ _PAGES_PER_CALL = 1 << 16
 def _unmapped(address: int, size: int) -> bool:
     """Whether [address, address + size) reaches memory not mapped in this process, by
     Linux's mincore (which reads no memory); False where that cannot be asked."""
-    if size == 0 or not sys.platform.startswith("linux"):
+    mincore = _mincore() if sys.platform.startswith("linux") else None
+    if size == 0 or mincore is None:
         return False
     page = mmap.PAGESIZE
     pos, end = address - address % page, address + size
     answer = (ctypes.c_ubyte * min(_PAGES_PER_CALL, -(-(end - pos) // page)))()
     while pos < end:
         length = min(end - pos, _PAGES_PER_CALL * page)
-        if _mincore()(pos, length, answer) != 0:
+        if mincore(pos, length, answer) != 0:
             return ctypes.get_errno() == errno.ENOMEM  # ENOMEM: a page is not mapped
         pos += length
     return False
