@@ -13,8 +13,10 @@ that reads it, and the workspace is half the float32 input's bytes. A region's f
 layer reads an NCHW input of fewer channels than a block (an RGB image) as blocks of one
 channel: its words pair channels (0, 1), (2, 3), ... (an odd last one with zero), each
 row converted as one vector; or, where that pairs an odd channel with zero at every tap
-(`row_taps_pay`: an RGB image, a 7x7 kernel), its words pair neighbouring taps of a kernel row
-(`row_tap_input`), the sums then a convolution of a 1-wide kernel over them.
+(`row_taps_pay`: an RGB image under a 7x7 kernel), its words pair neighbouring columns
+of each channel (`row_tap_input`), the sums then a kernel of half the columns, dilated
+twice. A non-finite input value then also reaches the outputs whose zero-weight half
+of a last column's word pairs it.
 
 A tile is `tile_w` consecutive output positions x `cb` output channels of accumulators
 held at constant rows (registers), as the float32 blocked kernel's
