@@ -240,8 +240,7 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, isa: ISA
     return xb, inner, [Allocate(xb), loop]
 
 
-def row_tap_input(x: Buffer, shape: ConvShape, isa: ISA
-                  ) -> tuple[Buffer, ConvShape, list[Stmt]]:
+def row_tap_input(x: Buffer, shape: ConvShape) -> tuple[Buffer, ConvShape, list[Stmt]]:
     """`converted_input` of an NCHW first layer with `ROW_TAPS`: words `[n][ci][rows]
     [cols][1]` over the padded image, word `(c, i, u)` pairing its values at columns `u`
     and `u + dw` (zero in the padding and past the edge), and the geometry the sums read
@@ -282,13 +281,15 @@ def row_tap_input(x: Buffer, shape: ConvShape, isa: ISA
                      if sp[1] > sp[0]))
 
     def border(start: int, count: int) -> list[Stmt]:  # padding rows: words of zeros
-        return [_nest(("n", "c", "i", "u"), (shape.n, shape.c_in, count, cols),
-                      lambda n, c, i, u: Store(xb, as_expr(0, "int32"),
-                                               (n, c, i + start, u, _c(0))))] if count else []
+        return [_nest(("n", "c", "i"), (shape.n, shape.c_in, count),
+                      lambda n, c, i: lanes_loop("u", cols, lambda u: Store(
+                          xb, as_expr(0, "int32"), (n, c, i + start, u, _c(0)))))
+                ] if count else []
 
-    work = shape.n * shape.c_in * rows * cols
-    image = parallel_when(lambda: parallel_tiles((shape.n, shape.h), row), work, "element",
-                          isa=isa)
+    # parallel whatever its size: a word rounds two values (about ten vector operations
+    # each, where `parallel_when`'s elements count one), and the pool runs a loop it
+    # measures too short on the caller alone (kiln_host.c, KILN_SERIAL_NS)
+    image = parallel_tiles((shape.n, shape.h), row)
     return xb, inner, [Allocate(xb), *border(0, top), *border(rows - bottom, bottom), image]
 
 
@@ -431,7 +432,7 @@ class NchwcBf16(Family):
         if len(args) > 2:
             epilogue = blocked_bias(epilogue, store.buffers[args[2]], block)
         xb, inner, prologue = (
-            row_tap_input(store.buffers[x], shape, isa) if attrs.get(ROW_TAPS)
+            row_tap_input(store.buffers[x], shape) if attrs.get(ROW_TAPS)
             else converted_input(store.buffers[x], shape, in_block, isa))
         tile_w = min(tile[1], shape.out_h * shape.out_w)
         words = [int(d) for d in wp.shape]
