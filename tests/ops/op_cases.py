@@ -78,6 +78,14 @@ def bf16_conv_weight(cb: int, block: int, *oihw: int) -> Gen:
     return lambda rng: pack_conv_bf16(rng.uniform(-2, 2, oihw).astype(np.float32), cb, block)
 
 
+def bf16_row_taps_weight(cb: int, *oihw: int) -> Gen:
+    """Random float32 OIHW weights packed as conv2d_nchwc_bf16's `row_taps` words (an NCHW
+    first layer's neighbouring kernel columns paired)."""
+    from kiln.ops.conv_bf16 import pack_row_taps
+
+    return lambda rng: pack_row_taps(rng.uniform(-2, 2, oihw).astype(np.float32), cb)
+
+
 def exp_table(x_scale: float, row: int) -> Gen:
     """qlinear_softmax's float32 exp table for `x_scale` and rows of `row`."""
     from kiln.ops.quant_softmax import softmax_table
@@ -268,7 +276,7 @@ CASES: dict[str, list[OpCase]] = {
                                "pads": (0, 1, 2, 1)})],
     # 6 input channels in 2 blocks of 4 (words of single lanes, `word_block`: 3 rows, not
     # 4), 5 outputs in a tile of 8
-    "conv2d_nchwc_bf16": [OpCase((bf16_exact(1, 2, 5, 6, 4), bf16_conv_weight(8, 4, 5, 6, 3, 3),
+    "conv2d_nchwc_bf16": [OpCase((bf16_exact(1, 2, 4, 3, 4), bf16_conv_weight(8, 4, 5, 6, 3, 3),
                                   f32(5)), {"channels": 5, "c_in": 6, "pads": (1, 1, 1, 1)},
                                  rtol=1e-5, atol=1e-5),
                           # 9 input channels in 3 blocks (single lanes: 5 rows, not 8)
@@ -279,6 +287,11 @@ CASES: dict[str, list[OpCase]] = {
                           OpCase((bf16_exact(1, 3, 6, 5), bf16_conv_weight(8, 1, 5, 3, 3, 3),
                                   f32(5)), {"channels": 5, "c_in": 3, "block": 4,
                                             "pads": (1, 1, 1, 1), "strides": (2, 2)},
+                                 rtol=1e-5, atol=1e-5),
+                          # the same with a 5x5 kernel's neighbouring columns paired
+                          OpCase((bf16_exact(1, 3, 4, 5), bf16_row_taps_weight(8, 5, 3, 5, 5)),
+                                 {"channels": 5, "c_in": 3, "block": 4, "row_taps": 5,
+                                  "pads": (2, 1, 2, 3), "strides": (1, 2)},
                                  rtol=1e-5, atol=1e-5)],
     "conv2d_nchwc": [OpCase((f32(1, 1, 5, 6, 4), f32(1, 1, 3, 3, 3, 8), f32(5)),
                             {"channels": 5, "pads": (1, 1, 1, 1)}),

@@ -17,6 +17,12 @@ output channels), `c_in` (the input channels), `tile` = (cb, positions per tile)
 channels zero; or, for a region's first layer (fewer input channels than a block: an
 RGB image), `x` is NCHW, read with `b` = 1 (word `p` pairs channels `2p` and `2p + 1`),
 and the attribute `block` (kiln.ops.conv_direct.NCHW_INPUT_BLOCK) is the result's `b`.
+Such a first layer may instead pair neighbouring taps of a kernel row (the attribute
+`row_taps`, ROW_TAPS: the kernel's odd width `kw`, where `row_taps_pay`): the weight is
+then `[ceil(co / cb)][ci][kh][ceil(kw / 2)][cb]`, word `m` of channel `c` and row `kh`
+pairing columns `2m` and `2m + 1` (the last one with zero), which read input columns
+`dw` apart: ResNet's 7x7 layer on 3 channels does 3 x 4 products of pairs per kernel
+row, not the channel pairs' 2 x 7.
 
 The reference rounds the input to bfloat16 as the kernel does (kiln.kernels.conv.bf16)
 and sums in float32; the te compute (the fallback where the kernel is not built) reads
@@ -42,7 +48,39 @@ from kiln.ops.packed_attrs import recorded_tile
 from kiln.ops.registry import register_op
 
 CONV_BF16 = "conv2d_nchwc_bf16"
+#: The attribute of an NCHW first layer whose words pair the taps of a kernel row: `kw`.
+ROW_TAPS = "row_taps"
 Attrs = Mapping[str, Any]
+
+
+def row_taps_pay(c_in: int, kw: int) -> bool:
+    """Whether an NCHW first layer of `c_in` channels and odd kernel width `kw` takes
+    fewer words per kernel row with neighbouring taps paired (`ROW_TAPS`) than with its
+    channels paired: an odd channel count (an RGB image) pairs its last channel with
+    zero at every tap (7 columns: 12 words for 3 channels, not 14)."""
+    return kw % 2 == 1 and kw > 1 and c_in * (kw + 1) // 2 < -(-c_in // 2) * kw
+
+
+def pack_row_taps(w: np.ndarray, cb: int) -> np.ndarray:
+    """OIHW float32 weight -> int32 words `[ceil(co / cb)][ci][kh][ceil(kw / 2)][cb]`
+    pairing kernel columns `2m` (low half) and `2m + 1` (high half; zero past `kw`)."""
+    co, ci, kh, kw = w.shape
+    blocks, half = -(-co // cb), -(-kw // 2)
+    full = np.zeros((blocks * cb, ci, kh, 2 * half), dtype=np.float32)
+    full[:co, :, :, :kw] = bf16_round(w)
+    bits = full.view(np.uint32)
+    words = (bits[..., 0::2] >> 16) | (bits[..., 1::2] & 0xFFFF0000)
+    words = words.reshape(blocks, cb, ci, kh, half).transpose(0, 2, 3, 4, 1)
+    return np.ascontiguousarray(words).view(np.int32)
+
+
+def unpack_row_taps(wp: np.ndarray, c_out: int, kw: int) -> np.ndarray:
+    """`pack_row_taps` undone: the bfloat16 OIHW weight as float32."""
+    blocks, ci, kh, half, cb = wp.shape
+    words = np.ascontiguousarray(wp.transpose(0, 4, 1, 2, 3)).view(np.uint32)
+    full = np.stack([words << 16, words & 0xFFFF0000], axis=-1).reshape(
+        blocks * cb, ci, kh, 2 * half)
+    return full.view(np.float32)[:c_out, :, :, :kw].copy()
 
 
 def word_block(c_in: int, block: int) -> int:
@@ -91,6 +129,12 @@ def unpack_conv_bf16(wp: np.ndarray, c_out: int, c_in: int, block: int) -> np.nd
     return full.view(np.float32)[:c_out, :c_in].copy()
 
 
+def unpack_conv_weight(wp: np.ndarray, attrs: Attrs, block: int) -> np.ndarray:
+    """The bfloat16 OIHW weight of a `conv2d_nchwc_bf16` call as float32 (either form)."""
+    co, ci, taps = int(attrs["channels"]), int(attrs["c_in"]), int(attrs.get(ROW_TAPS, 0))
+    return unpack_row_taps(wp, co, taps) if taps else unpack_conv_bf16(wp, co, ci, block)
+
+
 def conv_blocks(x: Sequence[Any], attrs: Attrs) -> tuple[int, int]:
     """`(input block, output block)` of a `conv2d_nchwc_bf16` call on an input of shape
     `x`: an NCHW{b}c input's `b` for both, or 1 and the `NCHW_INPUT_BLOCK` attribute for
@@ -108,27 +152,35 @@ def bf16_conv_shape(types: Sequence[Any], attrs: Attrs) -> ConvShape:
     nchw = len(x) == 4 and NCHW_INPUT_BLOCK in attrs
     blocked = len(x) == 5 and NCHW_INPUT_BLOCK not in attrs
     a, b = conv_blocks(x, attrs) if nchw or blocked else (0, 0)
+    taps = int(attrs.get(ROW_TAPS, 0))
+    if taps and not nchw:
+        raise IRError(f"{CONV_BF16}: attribute {ROW_TAPS} needs an NCHW input (attribute "
+                      f"{NCHW_INPUT_BLOCK}), got {x}")
     if not a or int(x[1]) != -(-ci // a) or types[0].dtype != "float32":
         raise IRError(f"{CONV_BF16}: input must be float32 NCHW<b>c (or NCHW with attribute "
                       f"{NCHW_INPUT_BLOCK}=b) holding {ci} channels, "
                       f"got {types[0].dtype} {x}")
     words = pair_blocks(ci, word_block(ci, a)) * word_block(ci, a) if a else 0
+    if taps:  # `pack_row_taps`: one word row per channel
+        words = ci
     if (len(wp) != 5 or types[1].dtype != "int32" or wp[1] != words
+            or (taps and wp[3] != (taps + 1) // 2)
             or not (wp[0] - 1) * wp[4] < co <= wp[0] * wp[4] or wp[4] % b
             or int(attrs.get("group", 1)) != 1):
         raise IRError(f"{CONV_BF16}: packed weight must be int32 [co/cb]"
-                      f"[{words}][kh][kw][cb] (cb a multiple of {b}) "
+                      f"[{words}][kh][{'(kw + 1) / 2' if taps else 'kw'}][cb] "
+                      f"(cb a multiple of {b}) "
                       f"holding {co} output channels, ungrouped; got {types[1].dtype} {wp}")
     tile = recorded_tile(attrs, 2, CONV_BF16)
     if tile is not None and tile[0] != wp[4]:
         raise IRError(f"{CONV_BF16}: tile {tile} does not match the packed channel tile "
                       f"{wp[4]}")
-    return conv_shape((x[0], ci, x[2], x[3]), co, wp[2:4], attrs)
+    return conv_shape((x[0], ci, x[2], x[3]), co, (wp[2], taps) if taps else wp[2:4], attrs)
 
 
 def _conv_attrs(attrs: Attrs) -> dict[str, Any]:
     return {k: v for k, v in attrs.items()
-            if k not in ("channels", "c_in", "tile", NCHW_INPUT_BLOCK)}
+            if k not in ("channels", "c_in", "tile", NCHW_INPUT_BLOCK, ROW_TAPS)}
 
 
 def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -151,9 +203,14 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         (x.shape[0], s.c_in, x.shape[2], x.shape[3]),
         lambda n, c, h, w: x[n, c // b, h, w, c % b], "float32", "x_nchw")
 
+    taps = int(attrs.get(ROW_TAPS, 0))
+
     def weight(o: PrimExpr, i: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
-        word = wp[o // cb, (i // (2 * a)) * a + i % a, kh, kw, o % cb]
-        high = i % (2 * a) >= a
+        if taps:  # columns 2m and 2m + 1 of channel `i`'s row `kh`
+            word, high = wp[o // cb, i, kh, kw // 2, o % cb], kw % 2 >= 1
+        else:
+            word = wp[o // cb, (i // (2 * a)) * a + i % a, kh, kw, o % cb]
+            high = i % (2 * a) >= a
         bits = select(high, word & Const(-0x10000, "int32"), word << Const(16, "int32"))
         return reinterpret(bits, "float32")
 
@@ -171,10 +228,10 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
          **attrs: Any) -> np.ndarray:
-    co, ci = int(attrs["channels"]), int(attrs["c_in"])
+    ci = int(attrs["c_in"])
     a, block = conv_blocks(x.shape, attrs)
     plain = bf16_round(x if x.ndim == 4 else layout.from_blocked(x, ci))
-    w = unpack_conv_bf16(wp, co, ci, a)
+    w = unpack_conv_weight(wp, attrs, a)
     return layout.to_blocked(conv_ref(plain, w, b, **_conv_attrs(attrs)), block)
 
 

@@ -9,11 +9,12 @@ for it and catches any wrong pairing, packing or border (errors near 1).
 
 One model, compiled once, holds the kernel's cases: a padded 3x3 layer with bias and
 ReLU reading the NCHW input of 3 channels in place (a region's first layer: channels
-paired (0, 1) and (2, zero)), a strided unpadded 1x1 layer (its input subsampled as it
-is converted; 48 channels, an odd count of blocks, paired within each block), a 3x3
-layer with a residual Add, a 3x3 layer to 256 channels (weights large enough that each
-tile prefetches the next channel tile's), a 1x1 layer to 24 channels (a partial output
-block), a
+paired (0, 1) and (2, zero)) and beside it a 7x7 layer with asymmetric pads on the same
+input (neighbouring kernel columns paired: `row_taps`), added into the first, a
+strided unpadded 1x1 layer (its input subsampled as it is converted; 48 channels, an
+odd count of blocks, paired within each block), a 3x3 layer with a residual Add, a 3x3
+layer to 256 channels (weights large enough that each tile prefetches the next channel
+tile's), a 1x1 layer to 24 channels (a partial output block), a
 strided 3x3 layer with asymmetric pads (its 24 channels in word rows of 4 lanes), over
 an image of 13x11 (tiles past its end) and a symbolic batch; then an LRN on the blocked
 result (`lrn_nchwc`, 40 channels in blocks of 16), whose `s ** -0.75` a `precision=bf16`
@@ -42,7 +43,12 @@ from kiln.ir.visitor import iter_exprs, iter_stmts
 from kiln.kernels.conv.bf16 import bf16_tile
 from kiln.kernels.conv.nchwc import pointwise_tile
 from kiln.kernels.tiles import tile_lanes, tile_registers
-from kiln.ops.conv_bf16 import pack_conv_bf16, unpack_conv_bf16
+from kiln.ops.conv_bf16 import (
+    pack_conv_bf16,
+    pack_row_taps,
+    unpack_conv_bf16,
+    unpack_row_taps,
+)
 from kiln.ops.conv_geometry import conv_shape
 from kiln.ops.gemm_bf16 import bf16_round
 from kiln.target import Target
@@ -52,7 +58,7 @@ from support.reference import onnxruntime_outputs
 
 RNG = np.random.default_rng(63)
 TOL = 1e-2  # against float32 (see the module docstring)
-CONVS = 8
+CONVS = 9
 
 
 def _weight(*shape: int) -> np.ndarray:
@@ -62,8 +68,9 @@ def _weight(*shape: int) -> np.ndarray:
 def _model() -> Any:
     b = GraphBuilder()
     x = b.input("x", ("N", 3, 13, 11))
-    y = b.op("Relu", b.op("Conv", x, b.const(_weight(48, 3, 3, 3)),
-                          b.const(_weight(48)), pads=[1, 1, 1, 1]))
+    wide = b.op("Conv", x, b.const(_weight(48, 3, 7, 7)), pads=[3, 2, 3, 4])
+    y = b.op("Relu", b.op("Add", b.op("Conv", x, b.const(_weight(48, 3, 3, 3)),
+                                      b.const(_weight(48)), pads=[1, 1, 1, 1]), wide))
     y = b.op("Conv", y, b.const(_weight(64, 48, 1, 1)), strides=[2, 2])
     y = b.op("Add", y, b.op("Conv", y, b.const(_weight(64, 64, 3, 3)),
                             b.const(_weight(64)), pads=[1, 1, 1, 1]))
@@ -142,6 +149,9 @@ def test_every_layer_runs_in_bfloat16(built: Any) -> None:
                            and s.value.name == t.PREFETCH_INTRINSIC
                            for s in iter_stmts(f.body))]
     assert len(prefetching) == 1, prefetching
+    # the 7x7 layer's weight: 3 channels x 7 rows x 4 words of column pairs (`row_taps`)
+    assert any(isinstance(p, t.Buffer) and tuple(p.shape)[1:4] == (3, 7, 4)
+               for f in ex.ir.prim_funcs().values() for p in f.params)
     assert sum(name.startswith("fused_conv2d_nchwc_bf16_gelu") for name in ex.ir.functions) == 2
     # the grouped 1x1 layer: its products in `vdpbf16ps` sums
     grouped = [f for f in ex.ir.prim_funcs().values()
@@ -163,6 +173,12 @@ def test_pack_round_trips_the_rounded_weights() -> None:
         back = unpack_conv_bf16(packed, 40, 50, block)
         assert back[0, 0, 0, 0] == 1.0
         np.testing.assert_array_equal(back, bf16_round(w))
+    # a 7x7 first layer's neighbouring columns paired: 4 words per row, the last half zero
+    w7 = _weight(40, 3, 7, 7)
+    packed = pack_row_taps(w7, 32)
+    assert packed.shape == (2, 3, 7, 4, 32)
+    assert not (packed[:, :, :, 3].view(np.uint32) >> 16).any()
+    np.testing.assert_array_equal(unpack_row_taps(packed, 40, 7), bf16_round(w7))
 
 
 @pytest.mark.parametrize("c_out,hw,stride", [(64, 56, 1), (128, 28, 2), (512, 7, 1),

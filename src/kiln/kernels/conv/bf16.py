@@ -12,7 +12,11 @@ input value is thus rounded once per layer rather than once per tile of output c
 that reads it, and the workspace is half the float32 input's bytes. A region's first
 layer reads an NCHW input of fewer channels than a block (an RGB image) as blocks of one
 channel: its words pair channels (0, 1), (2, 3), ... (an odd last one with zero), each
-row converted as one vector.
+row converted as one vector; or, where that pairs an odd channel with zero at every tap
+(`row_taps_pay`: an RGB image under a 7x7 kernel), its words pair neighbouring columns
+of each channel (`row_tap_input`), the sums then a kernel of half the columns, dilated
+twice. A non-finite input value then also reaches the outputs whose zero-weight half
+of a last column's word pairs it.
 
 A tile is `tile_w` consecutive output positions x `cb` output channels of accumulators
 held at constant rows (registers), as the float32 blocked kernel's
@@ -50,6 +54,7 @@ from kiln.ir.tensor import (
     Store,
     Var,
     as_expr,
+    max_,
     min_,
     select,
     seq,
@@ -77,10 +82,13 @@ from kiln.kernels.tiles import nest as _nest
 from kiln.ops import layout, te
 from kiln.ops.conv_bf16 import (
     CONV_BF16,
+    ROW_TAPS,
     bf16_conv_shape,
     conv_blocks,
     pack_conv_bf16,
+    pack_row_taps,
     pair_blocks,
+    row_taps_pay,
     word_block,
 )
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK, unpack_blocked_weight
@@ -232,6 +240,59 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, isa: ISA
     return xb, inner, [Allocate(xb), loop]
 
 
+def row_tap_input(x: Buffer, shape: ConvShape) -> tuple[Buffer, ConvShape, list[Stmt]]:
+    """`converted_input` of an NCHW first layer with `ROW_TAPS`: words `[n][ci][rows]
+    [cols][1]` over the padded image, word `(c, i, u)` pairing its values at columns `u`
+    and `u + dw` (zero in the padding and past the edge), and the geometry the sums read
+    them with: a kernel of `ceil(kw / 2)` columns dilated `2 dw` (word `m` holds taps `2m`
+    and `2m + 1`). One parallel loop over the image's rows; the columns whose pair lies
+    inside the image read without bounds checks."""
+    top, left, bottom, right = shape.pads
+    dw = shape.dilation[1]
+    rows, cols = shape.h + top + bottom, shape.w + left + right
+    xb = Buffer("xbf16", (shape.n, shape.c_in, rows, cols, 1), "int32")
+    inner = replace(shape, c_in=2 * shape.c_in, h=rows, w=cols, kw=(shape.kw + 1) // 2,
+                    pads=(0, 0, 0, 0), dilation=(shape.dilation[0], 2 * dw))
+    zero = as_expr(0.0, "float32")
+
+    def value(n: PrimExpr, c: int, r: PrimExpr, u: PrimExpr, checked: bool) -> PrimExpr:
+        col = u - left
+        if not checked:
+            return x[n, c, r, col]
+        safe = x[n, c, r, max_(min_(col, shape.w - 1), 0)]
+        return select((col >= 0) & (col < shape.w), safe, zero)
+
+    # columns [lo, hi) read both values inside the image
+    lo, hi = left, max(left, left + shape.w - dw)
+
+    def span(n: PrimExpr, r: PrimExpr, c: int, start: int, end: int, checked: bool
+             ) -> Stmt:
+        def word(u: PrimExpr) -> Stmt:
+            q = u + start
+            return Store(xb, bf16_word(value(n, c, r, q, checked),
+                                       value(n, c, r, q + dw, checked)),
+                         (n, _c(c), r + top, q, _c(0)))
+
+        return lanes_loop("u", end - start, word)
+
+    def row(n: PrimExpr, r: PrimExpr) -> Stmt:
+        spans = ((0, lo, True), (lo, hi, False), (hi, cols, True))
+        return seq(*(span(n, r, c, *sp) for c in range(shape.c_in) for sp in spans
+                     if sp[1] > sp[0]))
+
+    def border(start: int, count: int) -> list[Stmt]:  # padding rows: words of zeros
+        return [_nest(("n", "c", "i"), (shape.n, shape.c_in, count),
+                      lambda n, c, i: lanes_loop("u", cols, lambda u: Store(
+                          xb, as_expr(0, "int32"), (n, c, i + start, u, _c(0)))))
+                ] if count else []
+
+    # parallel whatever its size: a word rounds two values (about ten vector operations
+    # each, where `parallel_when`'s elements count one), and the pool runs a loop it
+    # measures too short on the caller alone (kiln_host.c, KILN_SERIAL_NS)
+    image = parallel_tiles((shape.n, shape.h), row)
+    return xb, inner, [Allocate(xb), *border(0, top), *border(rows - bottom, bottom), image]
+
+
 def bf16_conv_body(layer: _Layer) -> Stmt:
     """The parallel tiles over (image, channel tile, tile of positions)."""
     tiles = parallel_tiles((layer.shape.n, layer.blocks, layer.tiles),
@@ -346,7 +407,11 @@ class NchwcBf16(Family):
                            oihw.shape[2:], attrs)
         tile = bf16_tile(shape, isa)
         in_block = conv_blocks(x.shape, attrs)[0]
-        packed = g.Constant(pack_conv_bf16(oihw, tile[0], in_block), w.name)
+        if x.ndim == 4 and row_taps_pay(shape.c_in, shape.kw):
+            attrs[ROW_TAPS] = shape.kw
+            packed = g.Constant(pack_row_taps(oihw, tile[0]), w.name)
+        else:
+            packed = g.Constant(pack_conv_bf16(oihw, tile[0], in_block), w.name)
         return make_call(CONV_BF16, call.args[0], packed, *call.args[2:],
                          **{**attrs, TILE: tile})
 
@@ -366,13 +431,15 @@ class NchwcBf16(Family):
         epilogue = store.epilogue
         if len(args) > 2:
             epilogue = blocked_bias(epilogue, store.buffers[args[2]], block)
-        xb, inner, prologue = converted_input(store.buffers[x], shape, in_block, isa)
+        xb, inner, prologue = (
+            row_tap_input(store.buffers[x], shape) if attrs.get(ROW_TAPS)
+            else converted_input(store.buffers[x], shape, in_block, isa))
         tile_w = min(tile[1], shape.out_h * shape.out_w)
         words = [int(d) for d in wp.shape]
         pf = (WeightPrefetch(store.buffers[wp], int(np.prod(words[1:])))
               if prefetches_bf16_weights(shape, cb, int(np.prod(words)), isa) else None)
         layer = _Layer(inner, xb, store.buffers[wp], store.out, epilogue,
-                       word_block(shape.c_in, in_block), block,
+                       word_block(inner.c_in, in_block), block,
                        cb, tile_w, shape.c_out, pf)
         body = seq(*prologue, bf16_conv_body(layer))
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
