@@ -267,7 +267,13 @@ def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
                     externals.append(a)
                 refs.append(("ext", ext_index[id(a)]))
         key_parts.append((b.value.op, tuple(b.value.attrs.items()), tuple(refs)))
-    key: Any = (tuple(key_parts), _operand_key(group, externals, ext_index, isa))
+    operands, width = _operand_key(group, externals, ext_index, isa)
+    if width is not None:  # attributes that only say the width: its key stands for them
+        anchor = _anchor(group)
+        op, attrs, refs = key_parts[anchor]
+        unkeyed = getattr(lowering_for(op), "width_attrs", ())
+        key_parts[anchor] = (op, tuple(kv for kv in attrs if kv[0] not in unkeyed), refs)
+    key: Any = (tuple(key_parts), operands, width)
     try:
         hash(key)
     except TypeError:  # an unhashable attribute: do not share
@@ -283,11 +289,11 @@ def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
 
 
 def _operand_key(group: list[g.Binding], externals: list[g.Expr], ext_index: dict[int, int],
-                 isa: ISA) -> Any:
-    """The operands' types, as the group's kernel is built for them: a kernel that takes
-    its input channel count at run time (its lowering's `width_key`,
-    kiln.kernels.conv.run_time_width) is keyed by that key in place of the types of its
-    input and weight, so that layers of every width share it. Not where the group reads
+                 isa: ISA) -> tuple[tuple[Any, ...], Any]:
+    """The operands' types, as the group's kernel is built for them, and None: or, for a
+    kernel that takes its input channel count at run time (its lowering's `width_key`,
+    kiln.kernels.conv.run_time_width), the types with its input's and weight's left
+    out, and that key, so that layers of every width share it. Not where the group reads
     either of them elsewhere (those reads would be of the static width)."""
     types: list[Any] = [e.type for e in externals]
     anchor = group[_anchor(group)].value
@@ -295,13 +301,13 @@ def _operand_key(group: list[g.Binding], externals: list[g.Expr], ext_index: dic
     width_key = getattr(lowering_for(anchor.op), "width_key", None)
     operands = anchor.args[:2]
     if width_key is None or len(operands) < 2 or any(id(a) not in ext_index for a in operands):
-        return tuple(types)
+        return tuple(types), None
     reads = Counter(id(a) for b in group if isinstance(b.value, g.Call) for a in b.value.args)
     if any(reads[id(a)] != 1 for a in operands):
-        return tuple(types)
+        return tuple(types), None
     key = width_key(anchor, isa)
     if key is None:
-        return tuple(types)
+        return tuple(types), None
     for k, a in enumerate(operands):
         types[ext_index[id(a)]] = ("run-time width", k)
     return tuple(types), key

@@ -39,9 +39,11 @@ import kiln
 from kiln.errors import TargetError
 from kiln.frontend import from_onnx
 from kiln.ir import tensor as t
+from kiln.ir.attrs import ATTR_ARG_DIMS
 from kiln.ir.visitor import iter_exprs, iter_stmts
-from kiln.kernels.conv.bf16 import bf16_tile
+from kiln.kernels.conv.bf16 import WORDS_NAME, bf16_tile
 from kiln.kernels.conv.nchwc import pointwise_tile
+from kiln.kernels.conv.run_time_width import WIDTH_NAME
 from kiln.kernels.tiles import tile_lanes, tile_registers
 from kiln.ops.conv_bf16 import (
     pack_conv_bf16,
@@ -223,22 +225,23 @@ def test_sapphirerapids_build_only() -> None:
 
 def _preactivation_model() -> Any:
     """A DenseNet-like block: each 1x1 layer reads BatchNorm + ReLU (per-channel Mul and
-    Add, `[C][1][1]` and `[1][C][1][1]` constants) of the concat of earlier outputs."""
+    Add, `[C][1][1]` and `[1][C][1][1]` constants) of the concat of earlier outputs; the
+    two 1x1 layers to 16 channels read 32 and 64."""
     b = GraphBuilder()
     x = b.input("x", ("N", 16, 4, 54))
     feats = [b.op("Conv", x, b.const(_weight(32, 16, 1, 1)))]
-    for i, shape in enumerate([(32, 1, 1), (1, 48, 1, 1)]):
+    for i, shape in enumerate([(32, 1, 1), (1, 64, 1, 1)]):
         cat = feats[0] if len(feats) == 1 else b.op("Concat", *feats, axis=1)
         scale = RNG.uniform(0.5, 1.5, shape).astype(np.float32)
         shift = RNG.uniform(-0.5, 0.5, shape).astype(np.float32)
         y = b.op("Relu", b.op("Add", b.op("Mul", cat, b.const(scale)), b.const(shift)))
+        y = b.op("Relu", b.op("Conv", y, b.const(_weight(16, shape[-3], 1, 1))))
         if i:
-            b.node("Conv", [y, b.const(_weight(24, 48, 1, 1))], ["out"])
+            b.node("Identity", [y], ["out"])
         else:
-            y = b.op("Relu", b.op("Conv", y, b.const(_weight(16, 32, 1, 1))))
             # 144 taps over rows of 54: a row-tiled layer on float32 (SqueezeNet's)
-            feats.append(b.op("Conv", y, b.const(_weight(16, 16, 3, 3)), pads=[1, 1, 1, 1]))
-    b.output("out", ("N", 24, 4, 54))
+            feats.append(b.op("Conv", y, b.const(_weight(32, 16, 3, 3)), pads=[1, 1, 1, 1]))
+    b.output("out", ("N", 16, 4, 54))
     return b.model()
 
 
@@ -253,11 +256,18 @@ def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
     channel-scale kernel with the Add fused (the region reorders only its input and its
     result), every convolution on the bfloat16 kernel (the 3x3 one, row-tiled on
     float32, too: left NCHW it would split the region); the output matches float32
-    onnxruntime at batch 2 (the batch symbolic: the constant scale is shared)."""
+    onnxruntime at batch 2 (the batch symbolic: the constant scale is shared). The two
+    1x1 layers to 16 channels share one kernel, which takes their input's channel blocks
+    and their weight's word rows at run time (`run_time_width`)."""
     ex, model = preactivation
-    kernels = [f.attrs.get("kiln.conv_kernel") for f in ex.ir.functions.values()
-               if hasattr(f, "attrs")]
-    assert kernels.count("conv2d_nchwc_bf16") == 4  # the four layers' own kernels
+    kernels = {name: f for name, f in ex.ir.prim_funcs().items()
+               if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc_bf16"}
+    assert len(kernels) == 3
+    shared = [f for f in kernels.values() if f.attrs.get(ATTR_ARG_DIMS)]
+    assert len(shared) == 1 and shared[0].attrs[ATTR_ARG_DIMS] == (
+        (WIDTH_NAME, 0, 1), (WORDS_NAME, 1, 1))
+    calls = ex.ir.script()
+    assert sum(calls.count(f'"{name}", [') for name in kernels) == 4
     assert sum(name.startswith("layout_transform") for name in ex.ir.functions) == 2
     assert sum("channel_scale_nchwc_add_relu" in name for name in ex.ir.functions) == 2
     x = RNG.standard_normal((2, 16, 4, 54)).astype(np.float32)

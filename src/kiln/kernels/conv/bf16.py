@@ -28,19 +28,27 @@ padding channels zero (`blocked_tile_stores`). On a small image with large weigh
 (`prefetches_bf16_weights`) a channel tile's last tiles prefetch the next channel
 tile's weights (kiln.kernels.prefetch), which would otherwise come from memory in a
 burst at its first tile.
+
+An unpadded 1x1 layer at stride 1 over whole pairs of input blocks whose tiles do not
+prefetch (`run_time_width`) takes its input's channel blocks and its weight's word rows
+at run time, as the float32 blocked kernel does (kiln.kernels.conv.run_time_width):
+DenseNet-121's bottlenecks, 58 widths, share one kernel per image size and tile. The
+sums run in the same order, so the outputs are the static kernel's bit for bit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from kiln.ir import graph as g
-from kiln.ir.attrs import ATTR_CONV_KERNEL, ATTR_NO_SLP
+from kiln.ir.analysis.tensor_queries import read_buffers
+from kiln.ir.attrs import ATTR_ARG_DIMS, ATTR_CONV_KERNEL, ATTR_NO_SLP
 from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import (
     DOT2_BF16,
     Allocate,
@@ -64,6 +72,7 @@ from kiln.kernels.conv.blocked import blocked_tile_stores, choose_tiling
 from kiln.kernels.conv.direct import PREFETCH_MAX_POSITIONS, PREFETCH_WEIGHT_L2_SHARE
 from kiln.kernels.conv.family import blocked_bias
 from kiln.kernels.conv.nchwc import POINTWISE_VECTORS, pointwise_tile, wide_tile
+from kiln.kernels.conv.run_time_width import WIDTH_NAME
 from kiln.kernels.epilogue import float32_operands, fused_store
 from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.prefetch import LINE_BYTES, WeightPrefetch
@@ -169,13 +178,15 @@ def subsampled(shape: ConvShape) -> bool:
     return (shape.kh, shape.kw) == (1, 1) and shape.stride != (1, 1) and not any(shape.pads)
 
 
-def converted_input(x: Buffer, shape: ConvShape, block: int, isa: ISA
+def converted_input(x: Buffer, shape: ConvShape, block: int, words: int, isa: ISA
                     ) -> tuple[Buffer, ConvShape, list[Stmt]]:
     """The bfloat16 word workspace of the NCHW{block}c input `x` (or of the NCHW `x`,
-    `block` 1; see the module docstring), the geometry the sums read it with, and the
-    statements filling it (one parallel loop over images and pairs of channel blocks;
-    per row, the border's zero words and the image's converted words, `block` lanes at a
-    time, or a row's columns at a time for an NCHW input)."""
+    `block` 1; see the module docstring) in word rows of `words` lanes (`word_block`),
+    the geometry the sums read it with, and the statements filling it (one parallel
+    loop over images and pairs of channel blocks; per row, the border's zero words and
+    the image's converted words, `block` lanes at a time, or a row's columns at a time
+    for an NCHW input). A run-time channel count (`run_time_width`) is `x`'s blocks,
+    an even count of them."""
     top, left, bottom, right = shape.pads
     sh, sw = shape.stride
     if subsampled(shape):
@@ -186,10 +197,14 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, isa: ISA
         rows, cols = shape.h + top + bottom, shape.w + left + right
         inner = replace(shape, h=rows, w=cols, pads=(0, 0, 0, 0))
         sh = sw = 1
-    x_block, block = block, word_block(shape.c_in, block)
+    x_block, block = block, words
     parts = x_block // block  # word blocks per block of `x` (`word_block`)
-    cblocks = -(-shape.c_in // x_block) * parts
-    pairs = pair_blocks(shape.c_in, block)
+    cblocks: int | PrimExpr
+    if isinstance(shape.c_in, int):
+        cblocks, pairs = -(-shape.c_in // x_block) * parts, pair_blocks(shape.c_in, block)
+    else:
+        cblocks = x.shape[1]
+        pairs = cast(int, cblocks // 2)
     xb = Buffer("xbf16", (shape.n, pairs, rows, cols, block), "int32")
     zero = as_expr(0.0, "float32")
 
@@ -208,7 +223,8 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, isa: ISA
         def image(i: PrimExpr, q: PrimExpr, v: PrimExpr) -> PrimExpr:
             r, c = (i - top) * sh, (q - left) * sw
             lo = read(n, 2 * p, r, c, v)
-            hi = select(has_hi, read(n, hi_block, r, c, v), zero) if cblocks % 2 else \
+            odd = isinstance(cblocks, int) and cblocks % 2
+            hi = select(has_hi, read(n, hi_block, r, c, v), zero) if odd else \
                 read(n, 2 * p + 1, r, c, v)
             return bf16_word(lo, hi)
 
@@ -314,6 +330,21 @@ def prefetches_bf16_weights(shape: ConvShape, cb: int, words: int, isa: ISA) -> 
             and words * 4 >= PREFETCH_WEIGHT_L2_SHARE * isa.l2_bytes)
 
 
+#: The dimension scalar of a run-time-width kernel's packed weight: its word rows.
+WORDS_NAME = "kiln_conv_words"
+
+
+def run_time_width(shape: ConvShape, in_block: int, x_ndim: int, prefetch: bool) -> bool:
+    """Whether the kernel of a layer of `shape` on an input of `x_ndim` dims in blocks of
+    `in_block` takes its channel count at run time: an unpadded 1x1 layer at stride 1 (its
+    workspace is its input, converted), on an NCHW{b}c input of an even count of whole
+    blocks (word rows of `b` lanes pairing blocks `2p` and `2p + 1`: no block of zeros,
+    whatever the count), whose tiles do not prefetch weights (that choice and its spans
+    follow the weight's size)."""
+    return (x_ndim == 5 and (shape.kh, shape.kw) == (1, 1) and shape.stride == (1, 1)
+            and not any(shape.pads) and shape.c_in % (2 * in_block) == 0 and not prefetch)
+
+
 def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
     """Tile `t` of channel tile `ob` of image `n`: its sums, then its stores."""
     tile_w, cb, block, shape = layer.tile_w, layer.cb, layer.in_block, layer.shape
@@ -362,7 +393,7 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
 
         return seq(*lets, lanes_loop("v", cb, lane))
 
-    pairs = int(layer.xb.shape[1])
+    pairs = layer.xb.shape[1]  # a dimension variable where the width is a run-time one
     sums = _loop("p", pairs, lambda p: _loop("j", block, lambda j: _nest(
         ("kh", "kw"), (shape.kh, shape.kw), lambda kh, kw: step(p, j, kh, kw))))
     stage = Buffer("stage", (tile_w, cb), "float32", "local")
@@ -431,19 +462,66 @@ class NchwcBf16(Family):
         epilogue = store.epilogue
         if len(args) > 2:
             epilogue = blocked_bias(epilogue, store.buffers[args[2]], block)
-        xb, inner, prologue = (
-            row_tap_input(store.buffers[x], shape) if attrs.get(ROW_TAPS)
-            else converted_input(store.buffers[x], shape, in_block, isa))
-        tile_w = min(tile[1], shape.out_h * shape.out_w)
         words = [int(d) for d in wp.shape]
-        pf = (WeightPrefetch(store.buffers[wp], int(np.prod(words[1:])))
-              if prefetches_bf16_weights(shape, cb, int(np.prod(words)), isa) else None)
-        layer = _Layer(inner, xb, store.buffers[wp], store.out, epilogue,
-                       word_block(inner.c_in, in_block), block,
-                       cb, tile_w, shape.c_out, pf)
-        body = seq(*prologue, bf16_conv_body(layer))
-        return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
-                        {ATTR_CONV_KERNEL: self.op, ATTR_NO_SLP: True})
+        prefetch = prefetches_bf16_weights(shape, cb, int(np.prod(words)), isa)
+        buffers = [store.buffers[t] for t in params]
+        xs, ws = (next(i for i, b in enumerate(buffers) if b is store.buffers[t])
+                  for t in (x, wp))
+        x_buf, w_buf = buffers[xs], buffers[ws]
+        fattrs: dict[str, Any] = {ATTR_CONV_KERNEL: self.op, ATTR_NO_SLP: True}
+        lanes = word_block(shape.c_in, in_block)
+
+        def body(shape: ConvShape, x_buf: Buffer, w_buf: Buffer) -> Stmt:
+            if attrs.get(ROW_TAPS):
+                xb, inner, prologue = row_tap_input(x_buf, shape)
+                width = word_block(inner.c_in, in_block)
+            else:
+                xb, inner, prologue = converted_input(x_buf, shape, in_block, lanes, isa)
+                width = lanes
+            pf = WeightPrefetch(w_buf, int(np.prod(words[1:]))) if prefetch else None
+            layer = _Layer(inner, xb, w_buf, store.out, epilogue, width, block, cb,
+                           min(tile[1], shape.out_h * shape.out_w), shape.c_out, pf)
+            return seq(*prologue, bf16_conv_body(layer))
+
+        stmt = None
+        if run_time_width(shape, in_block, len(x.shape), prefetch):
+            blocks, rows = Var(WIDTH_NAME, INDEX_DTYPE), Var(WORDS_NAME, INDEX_DTYPE)
+            wide_x = Buffer(x_buf.name, (x_buf.shape[0], blocks, *x_buf.shape[2:]),
+                            x_buf.dtype, x_buf.scope)
+            wide_w = Buffer(w_buf.name, (w_buf.shape[0], rows, *w_buf.shape[2:]),
+                            w_buf.dtype, w_buf.scope)
+            # ConvShape types its symbolic sizes as ints (kiln.ops.conv_geometry)
+            stmt = body(replace(shape, c_in=cast(int, blocks * in_block)), wide_x, wide_w)
+            if any(b is x_buf or b is w_buf for b in read_buffers(stmt)):
+                stmt = None  # the epilogue reads the input at its static width
+            else:
+                buffers[xs], buffers[ws] = wide_x, wide_w
+                fattrs[ATTR_ARG_DIMS] = ((WIDTH_NAME, xs, 1), (WORDS_NAME, ws, 1))
+        if stmt is None:
+            stmt = body(shape, x_buf, w_buf)
+        return PrimFunc((*buffers, store.out), stmt, fattrs)
+
+    def width_key(self, call: g.Call, isa: ISA) -> Hashable | None:
+        """What a kernel of `call` over a run-time channel count (`run_time_width`) is
+        built from besides that count, or None: a kernel of its own. Calls with the same
+        key share one kernel (kiln.transform.fuse_ops; the attribute `c_in` left out of
+        the group's key, `NchwcBf16Lowering.width_attrs`)."""
+        types = [a.type for a in call.args]
+        # only the batch may be symbolic, as `build` takes it
+        if call.op != self.op or not all(isinstance(t, TensorType) and is_static(t.shape[1:])
+                                         for t in types):
+            return None
+        x, wp = cast(TensorType, types[0]), cast(TensorType, types[1])
+        words = [d for d in wp.shape if isinstance(d, int)]
+        if len(words) != wp.ndim:
+            return None
+        shape = bf16_conv_shape(types, call.attrs)
+        in_block, block = conv_blocks(x.shape, call.attrs)
+        prefetch = prefetches_bf16_weights(shape, words[4], int(np.prod(words)), isa)
+        if not run_time_width(shape, in_block, x.ndim, prefetch):
+            return None
+        return (replace(shape, c_in=0), in_block, block, words[4],
+                recorded_tile(call.attrs, 2, self.op) or bf16_tile(shape, isa))
 
 
 NCHWC_BF16 = NchwcBf16("nchwc_bf16", CONV_BF16, (), -1)
@@ -457,6 +535,8 @@ class NchwcBf16Lowering:
 
     supports_symbolic = True
     fuses_producers = False
+    #: What the group key of a kernel over a run-time width leaves to `width_key`.
+    width_attrs = ("c_in",)
 
     def builds(self, call: g.Call) -> bool:
         """Every call: `lower_fused` declines what the kernel does not take."""
@@ -469,6 +549,10 @@ class NchwcBf16Lowering:
         if not float32_operands(args[:1], result):
             return None
         return NCHWC_BF16.build(params, args, attrs, anchor, result, isa)
+
+    def width_key(self, call: g.Call, isa: ISA) -> Hashable | None:
+        """`NCHWC_BF16.width_key`."""
+        return NCHWC_BF16.width_key(call, isa)
 
 
 LOWERING = NchwcBf16Lowering()

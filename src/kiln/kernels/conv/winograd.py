@@ -95,9 +95,12 @@ from kiln.target.isa import ISA
 #: The output tile size the family packs with unless tuning says otherwise.
 DEFAULT_M = 4
 
-#: Columns (output x input channel pairs) `weight_transform` multiplies at a time: large
-#: enough that BLAS's threads are woken a few times per model, not hundreds.
-TRANSFORM_BLOCK = 1 << 18
+#: Multiply-adds (M x N x K) of each product `weight_transform` makes: at most what
+#: OpenBLAS computes on the calling thread (4 x 65536, its `GEMM_MULTITHREAD_THRESHOLD`).
+#: The 9-deep sums are memory-bound: BLAS's threads, woken for larger products, spun for
+#: more CPU time than the product took (docs/performance.md, "Compile time, round
+#: thirteen").
+TRANSFORM_MADDS = 4 * 65536
 
 
 def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
@@ -115,8 +118,9 @@ def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
     # In column blocks, each float64 product rounded into `u` at once, instead of a float64
     # array 8x the weight's size (VGG-19: 640 MB of fresh memory). Each column is the same
     # dot product, so the bits are the same.
-    for start in range(0, n, TRANSFORM_BLOCK):
-        block = taps[start:start + TRANSFORM_BLOCK].T.astype(np.float64, order="C")
+    step = max(1, TRANSFORM_MADDS // kron.size)
+    for start in range(0, n, step):
+        block = taps[start:start + step].T.astype(np.float64, order="C")
         u[:, start:start + block.shape[1]] = np.dot(kron, block)
     u.flags.writeable = False  # fresh: a graph constant takes it without a copy
     return u.reshape((m + 2) ** 2, o, i)
