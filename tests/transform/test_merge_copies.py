@@ -36,25 +36,35 @@ def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], kind: str) -> N
 
 def _shuffle(channels: int, groups: int, h: int, w: int) -> onnx.ModelProto:
     """ShuffleNet's channel shuffle between two ReLUs; a second shuffle's view is also
-    read by an Add, so that chain is not merged past it."""
+    read by an Add, so that chain is not merged past it; a third shuffles a 1x1
+    convolution's ReLU (folded into its weight: kiln.transform.channel_shuffles)."""
     gb = GraphBuilder()
-    x = gb.op("Relu", gb.input("x", (1, channels, h, w)))
+    inp = gb.input("x", (1, channels, h, w))
+    x = gb.op("Relu", inp)
     view = (1, groups, channels // groups, h, w)
-    s = gb.op("Reshape", x, gb.const(np.array(view, np.int64)))
-    s = gb.op("Transpose", s, perm=(0, 2, 1, 3, 4))
-    s = gb.op("Reshape", s, gb.const(np.array((1, channels, h, w), np.int64)))
-    gb.node("Relu", [s], ["shuffled"])
+
+    def shuffle(t: str) -> str:
+        s = gb.op("Reshape", t, gb.const(np.array(view, np.int64)))
+        s = gb.op("Transpose", s, perm=(0, 2, 1, 3, 4))
+        return gb.op("Reshape", s, gb.const(np.array((1, channels, h, w), np.int64)))
+
+    gb.node("Relu", [shuffle(x)], ["shuffled"])
+    bias = gb.const(RNG.normal(size=channels).astype(np.float32))
+    conv = gb.op("Conv", inp, gb.weight(channels, channels, 1, 1), bias)
+    gb.node("Identity", [shuffle(gb.op("Relu", conv))], ["folded"])
     v = gb.op("Reshape", gb.op("Exp", x), gb.const(np.array(view, np.int64)))
     t = gb.op("Transpose", v, perm=(0, 2, 1, 3, 4))
     gb.node("Add", [gb.op("Transpose", v, perm=(0, 2, 1, 3, 4)), t], ["shared"])
     gb.output("shuffled", typed=False)
     gb.output("shared", typed=False)
+    gb.output("folded", typed=False)
     return gb.model(check=False)
 
 
 def test_channel_shuffle_is_one_copy() -> None:
     ops = [op for op, _ in _ops(_shuffle(6, 3, 2, 5))]
-    assert ops.count("reshape_transpose") == 1
+    # the convolution's shuffle is its weight's row order, no copy
+    assert ops.count("reshape_transpose") == 1 and ops.count("conv2d") == 1
     # the shared view stays a reshape read by two transposes
     assert ops.count("reshape") == 1 and ops.count("transpose") == 2
 

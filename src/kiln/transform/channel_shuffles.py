@@ -1,0 +1,123 @@
+"""A channel shuffle after an ungrouped convolution, folded into its weight.
+
+ShuffleNet mixes its groups with `reshape [n, g, c/g, h, w] -> transpose(0, 2, 1, 3, 4)
+-> reshape [n, c, h, w]` (one `reshape_transpose` after `merge-copies`): output
+channel `co * g + grp` is input channel `grp * (c / g) + co`, a copy of the whole
+tensor. Where the shuffled value is an ungrouped convolution's output, seen through
+unary elementwise ops only (its ReLU), the shuffle is a permutation of that
+convolution's output channels: the weight's rows and the bias, permuted once at
+compile time, give the shuffled tensor directly and the copy disappears. (ShuffleNet's
+first unit: its 24 -> 60 layer. Its convolution then feeds the depthwise layer with
+no copy between, which the NCHW{b}c region can take in: kiln.transform.nchwc_layout.)
+
+Taken when the convolution's weight and bias are constants and every value between
+it and the shuffle is read once and is no result of the function.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, cast
+
+import numpy as np
+
+from kiln.ir import graph as g
+from kiln.ir import weight_origin as wo
+from kiln.ir.analysis.graph_uses import var_use_counts
+from kiln.ir.types import TensorType
+from kiln.ops import call
+from kiln.ops.reshape_dims import reshape_target
+from kiln.transform.concat_tails import unary_elementwise
+
+SHUFFLE_PERM = (0, 2, 1, 3, 4)
+
+
+def shuffle_groups(value: g.Expr) -> int | None:
+    """The group count of a channel shuffle (module docstring) of an NCHW tensor of
+    static channels, else None."""
+    if not (isinstance(value, g.Call) and value.op == "reshape_transpose"):
+        return None
+    src = value.args[0].type
+    if not (isinstance(src, TensorType) and len(src.shape) == 4 and value.ret_type == src
+            and tuple(cast("Sequence[int]", value.attrs["perm"])) == SHUFFLE_PERM):
+        return None
+    n, c, h, w = src.shape
+    inner = reshape_target(src.shape, cast("Sequence[int | str]", value.attrs["inner"]))
+    if not isinstance(c, int) or len(inner) != 5 or not isinstance(inner[1], int):
+        return None
+    groups = inner[1]
+    return groups if tuple(inner) == (n, groups, c // groups, h, w) else None
+
+
+def shuffled_rows(data: np.ndarray, groups: int) -> np.ndarray:
+    """`data` (output channels first) with its rows in the order of the shuffle of
+    `groups` groups: row `co * groups + grp` is row `grp * (rows / groups) + co`."""
+    rows = data.shape[0]
+    moved = data.reshape(groups, rows // groups, *data.shape[1:]).swapaxes(0, 1)
+    return np.ascontiguousarray(moved.reshape(data.shape))
+
+
+def _shuffled_constant(c: g.Constant, groups: int) -> g.Constant:
+    """`c` with its rows shuffled, its replay record saying so (kiln.ir.weight_origin)."""
+    shape = tuple(int(d) for d in c.data.shape)
+    rest = tuple(range(2, len(shape) + 1))
+    split = wo.step("reshape", wo.origin_of(c.data),
+                    shape=(groups, shape[0] // groups, *shape[1:]))
+    moved = wo.step("transpose", split, perm=(1, 0, *rest))
+    data = wo.record(shuffled_rows(c.data, groups), wo.step("reshape", moved, shape=shape))
+    return g.Constant(data, c.name)
+
+
+def _folds_into(conv: g.Expr, groups: int) -> bool:
+    """Whether `conv` is an ungrouped `conv2d` whose output channels a shuffle of
+    `groups` groups can permute through its constant weight and bias."""
+    if not (isinstance(conv, g.Call) and conv.op == "conv2d"):
+        return False
+    attrs: dict[str, Any] = dict(conv.attrs)
+    params = conv.args[1:]
+    return (int(attrs.get("group", 1)) == 1
+            and all(isinstance(p, g.Constant) and p.data.shape[0] % groups == 0
+                    for p in params))
+
+
+def fold_shuffles(fn: g.Function) -> g.Function:
+    """`fn` with every channel shuffle that qualifies (module docstring) folded into its
+    convolution's weight and bias."""
+    uses: Counter[g.Var] = var_use_counts(fn)
+    results = fn.result.fields if isinstance(fn.result, g.Tuple) else (fn.result,)
+    returned = {id(r) for r in results}
+    bound = {id(b.var): b for b in fn.bindings}
+
+    def inner_value(x: g.Expr) -> g.Binding | None:
+        if not (isinstance(x, g.Var) and uses[x] == 1 and id(x) not in returned):
+            return None
+        return bound.get(id(x))
+
+    replaced: dict[int, g.Binding] = {}  # id(var) -> its new binding
+    dropped: set[int] = set()            # id(var) of the value the shuffle copied
+    for b in fn.bindings:
+        groups = shuffle_groups(b.value)
+        if groups is None:
+            continue
+        assert isinstance(b.value, g.Call)
+        chain: list[g.Binding] = []      # from the shuffled value back to the convolution
+        at = inner_value(b.value.args[0])
+        while at is not None and unary_elementwise(at.value):
+            chain.append(at)
+            assert isinstance(at.value, g.Call)
+            at = inner_value(at.value.args[0])
+        if at is None or not _folds_into(at.value, groups):
+            continue
+        conv = cast(g.Call, at.value)
+        params = [_shuffled_constant(cast(g.Constant, p), groups) for p in conv.args[1:]]
+        shuffled = call(conv.op, conv.args[0], *params, **dict(conv.attrs))
+        # the shuffle's variable now names the last value before it
+        last = chain[0] if chain else at
+        replaced[id(at.var)] = g.Binding(at.var, shuffled)
+        replaced[id(b.var)] = g.Binding(b.var, replaced.get(id(last.var), last).value)
+        dropped.add(id(last.var))
+    if not replaced:
+        return fn
+    bindings = [replaced.get(id(b.var), b) for b in fn.bindings if id(b.var) not in dropped]
+    return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))
