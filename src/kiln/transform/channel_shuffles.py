@@ -1,23 +1,30 @@
-"""A channel shuffle after an ungrouped convolution, folded into its weight.
+"""A channel shuffle folded into the convolution that computes the shuffled value.
 
 ShuffleNet mixes its groups with `reshape [n, g, c/g, h, w] -> transpose(0, 2, 1, 3, 4)
 -> reshape [n, c, h, w]` (one `reshape_transpose` after `merge-copies`): output
 channel `co * g + grp` is input channel `grp * (c / g) + co`, a copy of the whole
-tensor. Where the shuffled value is an ungrouped convolution's output, seen through
-unary elementwise ops only (its ReLU), the shuffle is a permutation of that
-convolution's output channels: the weight's rows and the bias, permuted once at
-compile time, give the shuffled tensor directly and the copy disappears. (ShuffleNet's
-first unit: its 24 -> 60 layer. Its convolution then feeds the depthwise layer with
-no copy between, which the NCHW{b}c region can take in: kiln.transform.nchwc_layout.)
+tensor. Where the shuffled value is a convolution's output, seen through unary
+elementwise ops only (its ReLU), the convolution can compute the shuffled tensor
+directly and the copy disappears:
 
-Taken when the convolution's weight and bias are constants and every value between
-it and the shuffle is read once and is no result of the function.
+- an ungrouped convolution (`conv2d`, by `merge-copies`): the shuffle is a permutation
+  of its output channels, its weight's rows and bias permuted once at compile time
+  (ShuffleNet's first unit, its 24 -> 60 layer, which then feeds the depthwise layer
+  with no copy between, inside one NCHW{b}c region: kiln.transform.nchwc_layout);
+- a grouped 1x1 convolution on the bfloat16 nest (`conv2d_group_gemm`, by `fuse-ops`,
+  after the kernels are picked): each group's output row `co` is stored at channel
+  `co * g + grp` (attribute `shuffled`, kiln.ops.conv_direct; still one vector along
+  the positions per store), its bias permuted.
+
+Taken when the convolution's weight (ungrouped) and bias are constants, the shuffle's
+groups are the grouped convolution's, and every value between the convolution and the
+shuffle is read once and is no result of the function.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -26,8 +33,12 @@ from kiln.ir import graph as g
 from kiln.ir import weight_origin as wo
 from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.types import TensorType
+from kiln.kernels.conv.grouped_bf16 import takes_bf16
 from kiln.ops import call
+from kiln.ops import conv_direct as cd
+from kiln.ops.conv_geometry import conv_shape
 from kiln.ops.reshape_dims import reshape_target
+from kiln.target.isa import ISA
 from kiln.transform.concat_tails import unary_elementwise
 
 SHUFFLE_PERM = (0, 2, 1, 3, 4)
@@ -69,21 +80,46 @@ def _shuffled_constant(c: g.Constant, groups: int) -> g.Constant:
     return g.Constant(data, c.name)
 
 
-def _folds_into(conv: g.Expr, groups: int) -> bool:
-    """Whether `conv` is an ungrouped `conv2d` whose output channels a shuffle of
-    `groups` groups can permute through its constant weight and bias."""
-    if not (isinstance(conv, g.Call) and conv.op == "conv2d"):
-        return False
-    attrs: dict[str, Any] = dict(conv.attrs)
+def shuffled_weights(conv: g.Call, groups: int) -> g.Call | None:
+    """An ungrouped `conv2d` whose constant weight rows and bias are shuffled in
+    `groups` groups (module docstring), or None."""
     params = conv.args[1:]
-    return (int(attrs.get("group", 1)) == 1
+    if not (conv.op == "conv2d" and int(cast(int, conv.attrs.get("group", 1))) == 1
             and all(isinstance(p, g.Constant) and p.data.shape[0] % groups == 0
-                    for p in params))
+                    for p in params)):
+        return None
+    shuffled = [_shuffled_constant(cast(g.Constant, p), groups) for p in params]
+    return call(conv.op, conv.args[0], *shuffled, **dict(conv.attrs))
 
 
-def fold_shuffles(fn: g.Function) -> g.Function:
-    """`fn` with every channel shuffle that qualifies (module docstring) folded into its
-    convolution's weight and bias."""
+def shuffled_stores(isa: ISA) -> Fold:
+    """The fold of a shuffle into a grouped 1x1 convolution of as many groups that runs
+    the bfloat16 nest on `isa` (module docstring)."""
+
+    def fold(conv: g.Call, groups: int) -> g.Call | None:
+        attrs: dict[str, Any] = dict(conv.attrs)
+        x, w, *bias = conv.args
+        if not (conv.op == cd.GROUP_GEMM and int(attrs["group"]) == groups
+                and not attrs.get(cd.SHUFFLED) and isinstance(x.type, TensorType)
+                and isinstance(w, g.Constant)
+                and all(isinstance(b, g.Constant) for b in bias)):
+            return None
+        shape = conv_shape(x.type.shape, w.data.shape[0], w.data.shape[2:], attrs)
+        if not takes_bf16(shape, isa):
+            return None
+        moved = [_shuffled_constant(cast(g.Constant, b), groups) for b in bias]
+        return call(conv.op, *conv.args[:2], *moved, **attrs, **{cd.SHUFFLED: True})
+
+    return fold
+
+
+#: A convolution call and a shuffle's groups -> the call computing the shuffled output.
+Fold = Callable[[g.Call, int], "g.Call | None"]
+
+
+def fold_shuffles(fn: g.Function, fold: Fold = shuffled_weights) -> g.Function:
+    """`fn` with every channel shuffle whose convolution `fold` computes shuffled
+    (module docstring) folded into it."""
     uses: Counter[g.Var] = var_use_counts(fn)
     results = fn.result.fields if isinstance(fn.result, g.Tuple) else (fn.result,)
     returned = {id(r) for r in results}
@@ -107,11 +143,11 @@ def fold_shuffles(fn: g.Function) -> g.Function:
             chain.append(at)
             assert isinstance(at.value, g.Call)
             at = inner_value(at.value.args[0])
-        if at is None or not _folds_into(at.value, groups):
+        if at is None or not isinstance(at.value, g.Call):
             continue
-        conv = cast(g.Call, at.value)
-        params = [_shuffled_constant(cast(g.Constant, p), groups) for p in conv.args[1:]]
-        shuffled = call(conv.op, conv.args[0], *params, **dict(conv.attrs))
+        shuffled = fold(at.value, groups)
+        if shuffled is None:
+            continue
         # the shuffle's variable now names the last value before it
         last = chain[0] if chain else at
         replaced[id(at.var)] = g.Binding(at.var, shuffled)
