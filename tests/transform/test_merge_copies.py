@@ -69,9 +69,10 @@ def test_channel_shuffle_is_one_copy() -> None:
     assert ops.count("reshape") == 1 and ops.count("transpose") == 2
 
 
-@pytest.mark.parametrize("kind", ["llvm", "c"])
-@pytest.mark.parametrize(("channels", "groups", "h", "w"), [(6, 3, 2, 5), (12, 4, 1, 1),
-                                                            (10, 2, 3, 9)])
+# c once: the copies are the same tensor expressions on either backend
+@pytest.mark.parametrize(("kind", "channels", "groups", "h", "w"),
+                         [("llvm", 6, 3, 2, 5), ("c", 6, 3, 2, 5), ("llvm", 12, 4, 1, 1),
+                          ("llvm", 10, 2, 3, 9)])
 def test_channel_shuffle_matches_onnxruntime(kind: str, channels: int, groups: int, h: int,
                                              w: int) -> None:
     x = RNG.normal(size=(1, channels, h, w)).astype(np.float32)
