@@ -3,9 +3,12 @@ copy, a transposed matmul B is read in place; results against onnxruntime on llv
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 import kiln
 from kiln.frontend import from_onnx
@@ -26,12 +29,15 @@ def _ops(model: onnx.ModelProto) -> list[tuple[str, dict]]:
             if isinstance(b.value, g.Call)]
 
 
-def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], kind: str) -> None:
-    ex = kiln.compile(from_onnx(model), Target(kind))
-    got = ex.jit()["main"](*feeds.values())
+def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], kind: str,
+           lib: Any = None) -> Any:
+    """The library of `model` (`lib`, else compiled) after checking its outputs."""
+    lib = lib if lib is not None else kiln.compile(from_onnx(model), Target(kind)).jit()
+    got = lib["main"](*feeds.values())
     got = got if isinstance(got, (list, tuple)) else [got]
-    for k, w in zip(got, onnxruntime_outputs(model, feeds)):
+    for k, w in zip(got, onnxruntime_outputs(model, feeds), strict=True):
         np.testing.assert_allclose(k, w, rtol=1e-5, atol=1e-5)
+    return lib
 
 
 def _shuffle(channels: int, groups: int, h: int, w: int) -> onnx.ModelProto:
@@ -76,7 +82,17 @@ def test_channel_shuffle_is_one_copy() -> None:
 def test_channel_shuffle_matches_onnxruntime(kind: str, channels: int, groups: int, h: int,
                                              w: int) -> None:
     x = RNG.normal(size=(1, channels, h, w)).astype(np.float32)
-    _check(_shuffle(channels, groups, h, w), {"x": x}, kind)
+    model = _shuffle(channels, groups, h, w)
+    lib = _check(model, {"x": x}, kind)
+    # the shuffled weight rows replay from the model's weights (Module.swap_weights)
+    swapped = onnx.ModelProto()
+    swapped.CopyFrom(model)
+    for t in swapped.graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT:
+            t.CopyFrom(numpy_helper.from_array(
+                RNG.normal(size=tuple(t.dims)).astype(np.float32), t.name))
+    lib.swap_weights(swapped)
+    _check(swapped, {"x": x}, kind, lib)
 
 
 def _attention(seq: int, heads: int, dim: int, k_perm: tuple[int, ...],

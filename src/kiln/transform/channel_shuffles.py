@@ -76,8 +76,9 @@ def _shuffled_constant(c: g.Constant, groups: int) -> g.Constant:
     split = wo.step("reshape", wo.origin_of(c.data),
                     shape=(groups, shape[0] // groups, *shape[1:]))
     moved = wo.step("transpose", split, perm=(1, 0, *rest))
-    data = wo.record(shuffled_rows(c.data, groups), wo.step("reshape", moved, shape=shape))
-    return g.Constant(data, c.name)
+    shuffled = g.Constant(shuffled_rows(c.data, groups), c.name)
+    wo.record(shuffled.data, wo.step("reshape", moved, shape=shape))  # the array it holds
+    return shuffled
 
 
 def shuffled_weights(conv: g.Call, groups: int) -> g.Call | None:
