@@ -43,6 +43,9 @@ from kiln.transform.concat_tails import unary_elementwise
 
 SHUFFLE_PERM = (0, 2, 1, 3, 4)
 
+#: A convolution call and a shuffle's groups -> the call computing the shuffled output.
+Fold = Callable[[g.Call, int], "g.Call | None"]
+
 
 def shuffle_groups(value: g.Expr) -> int | None:
     """The group count of a channel shuffle (module docstring) of an NCHW tensor of
@@ -58,7 +61,7 @@ def shuffle_groups(value: g.Expr) -> int | None:
     if not isinstance(c, int) or len(inner) != 5 or not isinstance(inner[1], int):
         return None
     groups = inner[1]
-    return groups if tuple(inner) == (n, groups, c // groups, h, w) else None
+    return groups if groups > 0 and tuple(inner) == (n, groups, c // groups, h, w) else None
 
 
 def shuffled_rows(data: np.ndarray, groups: int) -> np.ndarray:
@@ -112,10 +115,6 @@ def shuffled_stores(isa: ISA) -> Fold:
         return call(conv.op, *conv.args[:2], *moved, **attrs, **{cd.SHUFFLED: True})
 
     return fold
-
-
-#: A convolution call and a shuffle's groups -> the call computing the shuffled output.
-Fold = Callable[[g.Call, int], "g.Call | None"]
 
 
 def fold_shuffles(fn: g.Function, fold: Fold = shuffled_weights) -> g.Function:
