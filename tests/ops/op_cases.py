@@ -647,6 +647,8 @@ CASES: dict[str, list[OpCase]] = {
     # in place, a bias), strided ones copied into padded panels
     "conv2d_group_gemm": [
         OpCase((f32(2, 6, 4, 8), f32(9, 2, 1, 1), f32(9)), {"group": 3, "tile": (3, 16)}),
+        # its output channel-shuffled (on a bfloat16 target, in the stores)
+        OpCase((f32(1, 6, 4, 8), f32(9, 2, 1, 1), f32(9)), {"group": 3, "shuffled": True}),
         OpCase((f32(1, 4, 7, 6), f32(6, 2, 1, 1)), {"group": 2, "strides": (2, 2)}),
         # a 3x3 layer (what tuning may give the kernel): padded panels per group
         OpCase((f32(1, 4, 5, 6), f32(6, 2, 3, 3)),

@@ -3,9 +3,12 @@ copy, a transposed matmul B is read in place; results against onnxruntime on llv
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 import kiln
 from kiln.frontend import from_onnx
@@ -26,46 +29,70 @@ def _ops(model: onnx.ModelProto) -> list[tuple[str, dict]]:
             if isinstance(b.value, g.Call)]
 
 
-def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], kind: str) -> None:
-    ex = kiln.compile(from_onnx(model), Target(kind))
-    got = ex.jit()["main"](*feeds.values())
+def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], kind: str,
+           lib: Any = None) -> Any:
+    """The library of `model` (`lib`, else compiled) after checking its outputs."""
+    lib = lib if lib is not None else kiln.compile(from_onnx(model), Target(kind)).jit()
+    got = lib["main"](*feeds.values())
     got = got if isinstance(got, (list, tuple)) else [got]
-    for k, w in zip(got, onnxruntime_outputs(model, feeds)):
+    for k, w in zip(got, onnxruntime_outputs(model, feeds), strict=True):
         np.testing.assert_allclose(k, w, rtol=1e-5, atol=1e-5)
+    return lib
 
 
 def _shuffle(channels: int, groups: int, h: int, w: int) -> onnx.ModelProto:
     """ShuffleNet's channel shuffle between two ReLUs; a second shuffle's view is also
-    read by an Add, so that chain is not merged past it."""
+    read by an Add, so that chain is not merged past it; a third shuffles a 1x1
+    convolution's ReLU (folded into its weight: kiln.transform.channel_shuffles)."""
     gb = GraphBuilder()
-    x = gb.op("Relu", gb.input("x", (1, channels, h, w)))
+    inp = gb.input("x", (1, channels, h, w))
+    x = gb.op("Relu", inp)
     view = (1, groups, channels // groups, h, w)
-    s = gb.op("Reshape", x, gb.const(np.array(view, np.int64)))
-    s = gb.op("Transpose", s, perm=(0, 2, 1, 3, 4))
-    s = gb.op("Reshape", s, gb.const(np.array((1, channels, h, w), np.int64)))
-    gb.node("Relu", [s], ["shuffled"])
+
+    def shuffle(t: str) -> str:
+        s = gb.op("Reshape", t, gb.const(np.array(view, np.int64)))
+        s = gb.op("Transpose", s, perm=(0, 2, 1, 3, 4))
+        return gb.op("Reshape", s, gb.const(np.array((1, channels, h, w), np.int64)))
+
+    gb.node("Relu", [shuffle(x)], ["shuffled"])
+    bias = gb.const(RNG.normal(size=channels).astype(np.float32))
+    conv = gb.op("Conv", inp, gb.weight(channels, channels, 1, 1), bias)
+    gb.node("Identity", [shuffle(gb.op("Relu", conv))], ["folded"])
     v = gb.op("Reshape", gb.op("Exp", x), gb.const(np.array(view, np.int64)))
     t = gb.op("Transpose", v, perm=(0, 2, 1, 3, 4))
     gb.node("Add", [gb.op("Transpose", v, perm=(0, 2, 1, 3, 4)), t], ["shared"])
     gb.output("shuffled", typed=False)
     gb.output("shared", typed=False)
+    gb.output("folded", typed=False)
     return gb.model(check=False)
 
 
 def test_channel_shuffle_is_one_copy() -> None:
     ops = [op for op, _ in _ops(_shuffle(6, 3, 2, 5))]
-    assert ops.count("reshape_transpose") == 1
+    # the convolution's shuffle is its weight's row order, no copy
+    assert ops.count("reshape_transpose") == 1 and ops.count("conv2d") == 1
     # the shared view stays a reshape read by two transposes
     assert ops.count("reshape") == 1 and ops.count("transpose") == 2
 
 
-@pytest.mark.parametrize("kind", ["llvm", "c"])
-@pytest.mark.parametrize(("channels", "groups", "h", "w"), [(6, 3, 2, 5), (12, 4, 1, 1),
-                                                            (10, 2, 3, 9)])
+# c once: the copies are the same tensor expressions on either backend
+@pytest.mark.parametrize(("kind", "channels", "groups", "h", "w"),
+                         [("llvm", 6, 3, 2, 5), ("c", 6, 3, 2, 5), ("llvm", 12, 4, 1, 1),
+                          ("llvm", 10, 2, 3, 9)])
 def test_channel_shuffle_matches_onnxruntime(kind: str, channels: int, groups: int, h: int,
                                              w: int) -> None:
     x = RNG.normal(size=(1, channels, h, w)).astype(np.float32)
-    _check(_shuffle(channels, groups, h, w), {"x": x}, kind)
+    model = _shuffle(channels, groups, h, w)
+    lib = _check(model, {"x": x}, kind)
+    # the shuffled weight rows replay from the model's weights (Module.swap_weights)
+    swapped = onnx.ModelProto()
+    swapped.CopyFrom(model)
+    for t in swapped.graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT:
+            t.CopyFrom(numpy_helper.from_array(
+                RNG.normal(size=tuple(t.dims)).astype(np.float32), t.name))
+    lib.swap_weights(swapped)
+    _check(swapped, {"x": x}, kind, lib)
 
 
 def _attention(seq: int, heads: int, dim: int, k_perm: tuple[int, ...],

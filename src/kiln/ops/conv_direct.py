@@ -19,7 +19,10 @@ visible in the graph (and in its kiln.script text):
   input in place: `NCHW_INPUT_BLOCK`); the `nchwc-layout` pass
   (kiln.transform.nchwc_layout) introduces it;
 - `conv2d_group_gemm(x, w[, bias])`: a grouped (not depthwise) 1x1 convolution as
-  one GEMM per group (kiln.kernels.conv.grouped); same attributes as `conv2d`.
+  one GEMM per group (kiln.kernels.conv.grouped); same attributes as `conv2d`, and
+  `shuffled`: the output's channels in the order of a channel shuffle of its groups,
+  group `g`'s channel `co` at `co * group + g`, the bias in that order
+  (kiln.transform.channel_shuffles).
 
 Both keep `conv2d`'s meaning (NCHW in and out, ONNX pads), type rule and numpy
 reference; their tensor-expression definitions (used when a kernel cannot be
@@ -250,6 +253,44 @@ def _rows_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
     return conv_ref(x, unpack_rows_weight(wp, int(attrs["channels"])), b, **attrs)
 
 
+# --------------------------------------------------------------------- grouped GEMM op
+
+#: The `conv2d_group_gemm` attribute of a channel-shuffled output (module docstring).
+SHUFFLED = "shuffled"
+
+
+def shuffled_channel(oc: Any, groups: int, per_group: int) -> Any:
+    """The convolution's channel (`g * per_group + co`) stored at output channel `oc`
+    (`co * groups + g`) of a shuffled output."""
+    return (oc % groups) * per_group + oc // groups
+
+
+def _group_gemm_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    if not attrs.get(SHUFFLED):
+        return conv_compute(inputs, attrs)
+    conv = conv_compute(inputs[:2], attrs)
+    groups = int(attrs["group"])
+    per_group = conv.shape[1] // groups
+    bias = inputs[2] if len(inputs) == 3 else None
+
+    def element(n: PrimExpr, oc: PrimExpr, h: PrimExpr, w: PrimExpr) -> PrimExpr:
+        v = conv[n, shuffled_channel(oc, groups, per_group), h, w]
+        return v if bias is None else v + bias[oc]
+
+    return te.compute(tuple(conv.shape), element, conv.dtype, "shuffled")
+
+
+def _group_gemm_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
+                    **attrs: Any) -> np.ndarray:
+    if not attrs.get(SHUFFLED):
+        return conv_ref(x, w, b, **attrs)
+    out = conv_ref(x, w, None, **attrs)
+    n, c, *image = out.shape
+    groups = int(attrs["group"])
+    out = out.reshape(n, groups, c // groups, *image).swapaxes(1, 2).reshape(out.shape)
+    return out if b is None else (out + b.reshape(1, c, 1, 1)).astype(out.dtype)
+
+
 # --------------------------------------------------------------------------- kernel calls
 
 def call_conv_shape(op: str, args: Sequence[Any], attrs: Attrs) -> ConvShape | None:
@@ -298,4 +339,5 @@ _register(DEPTHWISE, checking_tile(conv_infer, DEPTHWISE, 2), conv_compute, conv
 _register(ROWS, _rows_infer, _rows_compute, _rows_ref)
 _register(NCHWC, _nchwc_infer, _nchwc_compute, _nchwc_ref)
 _register(GEMM, checking_tile(conv_infer, GEMM, 2), conv_compute, conv_ref)
-_register(GROUP_GEMM, checking_tile(conv_infer, GROUP_GEMM, 2), conv_compute, conv_ref)
+_register(GROUP_GEMM, checking_tile(conv_infer, GROUP_GEMM, 2), _group_gemm_compute,
+          _group_gemm_ref)

@@ -25,7 +25,8 @@ from kiln.ops.registry import get_op
 CONCAT = "concat"
 
 
-def _unary_elementwise(value: g.Expr) -> bool:
+def unary_elementwise(value: g.Expr) -> bool:
+    """Whether `value` is a call of an elementwise op of one argument (a ReLU)."""
     if not isinstance(value, g.Call) or len(value.args) != 1:
         return False
     try:
@@ -52,7 +53,7 @@ def move_onto_concat_inputs(fn: g.Function) -> g.Function:
     dropped: set[int] = set()            # id(concat var)
     for b in fn.bindings:
         op = b.value
-        if not _unary_elementwise(op):
+        if not unary_elementwise(op):
             continue
         assert isinstance(op, g.Call)
         cat = op.args[0]

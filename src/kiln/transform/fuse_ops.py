@@ -25,6 +25,8 @@ and ReLU) reads the output in one loop, where a fused kernel has one loop per in
 A unary elementwise op whose only operand is a concat (ShuffleNet's ReLU after the
 concatenation of a stride-2 unit) is first moved onto the concat's inputs, each right
 after its producer, where it joins the producer's group (kiln.transform.concat_tails).
+A channel shuffle of a grouped 1x1 convolution on the bfloat16 nest becomes that
+convolution's stores (kiln.transform.channel_shuffles).
 
 A group holds at most `max_group` ops (default `MAX_FUSED_OPS`): the fused
 kernel's expression nests one level per op, so the cap keeps every expression
@@ -49,6 +51,7 @@ from kiln.kernels import specialisation
 from kiln.kernels.lowering import lowering_for
 from kiln.ops import get_op, te
 from kiln.target.isa import ISA
+from kiln.transform.channel_shuffles import fold_shuffles, shuffled_stores
 from kiln.transform.concat_tails import move_onto_concat_inputs
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import Pass
@@ -89,7 +92,7 @@ def _pattern(op: str) -> str | None:
 
 def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[Any, str],
                    max_group: int, isa: ISA) -> g.Function:
-    fn = move_onto_concat_inputs(fn)
+    fn = fold_shuffles(move_onto_concat_inputs(fn), shuffled_stores(isa))
     groups = _groups(fn.bindings, var_use_counts(fn), max_group, _concat_pieces(fn))
     if not any(len(grp) > 1 for grp in groups):
         return fn

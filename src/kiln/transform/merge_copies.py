@@ -47,6 +47,7 @@ from kiln.ir.types import Dim, TensorType
 from kiln.ops import call
 from kiln.ops.registry import get_op
 from kiln.ops.reshape_dims import reshape_attr, reshape_target
+from kiln.transform.channel_shuffles import fold_shuffles
 from kiln.transform.grouped_heads import read_grouped_heads
 from kiln.transform.pass_base import FunctionPass
 
@@ -151,9 +152,9 @@ class MergeCopies(FunctionPass):
         bindings = grouped if grouped is not None else bindings
         bindings = _unary_between_views(func, bindings)
         bindings = _merge_chains(func, bindings)
-        if bindings is None:
-            return func
-        return g.Function(func.params, tuple(bindings), func.result, dict(func.attrs))
+        merged = func if bindings is None else g.Function(
+            func.params, tuple(bindings), func.result, dict(func.attrs))
+        return fold_shuffles(merged)
 
 
 SCALAR_OPS = ("multiply", "divide", "add", "subtract")

@@ -21,8 +21,8 @@ result (`lrn_nchwc`, 40 channels in blocks of 16), whose `s ** -0.75` a `precisi
 target takes by square roots.
 A second input runs Whisper's front: two Conv1d layers
 (the second strided) each with an exact GELU, a region of two layers and two reorders;
-a third one of ShuffleNet's grouped 1x1 layers (`conv2d_group_gemm` in bfloat16:
-kiln.kernels.conv.grouped_bf16).
+a third one of ShuffleNet's grouped 1x1 layers and its channel shuffle
+(`conv2d_group_gemm` in bfloat16, stored shuffled: kiln.kernels.conv.grouped_bf16).
 The host must have AVX512-BF16 (the test machine, an AMD EPYC Zen 5, has it); elsewhere
 the run test skips.
 """
@@ -94,10 +94,15 @@ def _model() -> Any:
     b.output("a_out", ("N", 5, 24))
     # a ShuffleNet pointwise layer: 3 groups of 37 channels (K a whole pair block, then
     # 5 values paired 3 apart: the compact tail, odd) over 60 positions (a partial last
-    # panel), bias, a residual Add (an epilogue load through the flat view) and ReLU
+    # panel), bias, ReLU, the channel shuffle (stored shuffled) and a residual Add (an
+    # epilogue load through the flat view, at the shuffled channel)
     g = b.input("g", (1, 111, 7, 7))
-    b.node("Relu", [b.op("Add", b.op("Conv", g, b.const(_weight(111, 37, 1, 1)),
-                                     b.const(_weight(111)), group=3), g)], ["g_out"])
+    y = b.op("Relu", b.op("Conv", g, b.const(_weight(111, 37, 1, 1)), b.const(_weight(111)),
+                          group=3))
+    y = b.op("Reshape", y, b.const(np.array([1, 3, 37, 7, 7], np.int64)))
+    y = b.op("Transpose", y, perm=[0, 2, 1, 3, 4])
+    y = b.op("Reshape", y, b.const(np.array([1, 111, 7, 7], np.int64)))
+    b.node("Add", [y, g], ["g_out"])
     b.output("g_out", (1, 111, 7, 7))
     return b.model()
 
@@ -155,7 +160,9 @@ def test_every_layer_runs_in_bfloat16(built: Any) -> None:
     assert any(isinstance(p, t.Buffer) and tuple(p.shape)[1:4] == (3, 7, 4)
                for f in ex.ir.prim_funcs().values() for p in f.params)
     assert sum(name.startswith("fused_conv2d_nchwc_bf16_gelu") for name in ex.ir.functions) == 2
-    # the grouped 1x1 layer: its products in `vdpbf16ps` sums
+    # the grouped 1x1 layer: its products in `vdpbf16ps` sums, the shuffle its stores
+    # (the one copy left is the Conv1d output's transpose)
+    assert sum(name.startswith("reshape_transpose") for name in ex.ir.functions) == 1
     grouped = [f for f in ex.ir.prim_funcs().values()
                if f.attrs.get("kiln.conv_kernel") == "conv2d_group_gemm"]
     assert len(grouped) == 1 and all(

@@ -142,14 +142,20 @@ class UnpackedConv(Family, ABC):
         """`call` packed with `tile` (the weight stays OIHW)."""
         return packed_call(self.op, call, None, tuple(tile), None)
 
+    def for_call(self, attrs: Mapping[str, Any]) -> UnpackedConv:
+        """The family that builds a call with `attrs` (this one, unless an attribute of
+        the call changes the loop nest)."""
+        return self
+
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
         tile = recorded_tile(attrs, 2, self.op)
+        family = self.for_call(attrs)
 
         def body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
                  epilogue: Epilogue, fused: bool, block: int) -> Stmt:
-            a, b = t or self.choose_tile(shape, isa)
-            return self.loop_nest(shape, x, w, out, (a, b), epilogue, fused, isa)
+            a, b = t or family.choose_tile(shape, isa)
+            return family.loop_nest(shape, x, w, out, (a, b), epilogue, fused, isa)
 
         return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body,
                           self.symbolic_image)

@@ -22,11 +22,12 @@ kiln.kernels.conv.grouped_bf16 instead, with the bf16 GEMM's tile.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 from kiln.ir import graph as g
-from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, Stmt, min_, seq
+from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, PrimFunc, Stmt, min_, seq
 from kiln.kernels.conv.family import UnpackedConv
 from kiln.kernels.conv.gemm import TYPICAL_POSITIONS, im2col, panel_count
 from kiln.kernels.conv.grouped_bf16 import bf16_tile, group_gemm_bf16_body, takes_bf16
@@ -42,6 +43,7 @@ from kiln.kernels.tiles import (
     tile_lanes,
     tile_registers,
 )
+from kiln.ops import conv_direct as cd
 from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.target.isa import ISA
 
@@ -156,9 +158,21 @@ def group_gemm_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
 
 @dataclass(frozen=True)
 class GroupGemmConv(UnpackedConv):
-    """See the module docstring."""
+    """See the module docstring. `shuffled`: the family of a call whose output is
+    channel-shuffled (kiln.ops.conv_direct.SHUFFLED; the bfloat16 nest only)."""
 
     symbolic_image: ClassVar[bool] = True
+    shuffled: bool = False
+
+    def for_call(self, attrs: Mapping[str, Any]) -> UnpackedConv:
+        return replace(self, shuffled=bool(attrs.get(cd.SHUFFLED)))
+
+    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+        shape = cd.call_conv_shape(self.op, args, attrs)
+        if attrs.get(cd.SHUFFLED) and (shape is None or not takes_bf16(shape, isa)):
+            return None  # the op's tensor expression (kiln.ops.conv_direct)
+        return super().build(params, args, attrs, anchor, result, isa)
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
         shape = conv_call_shape(call, symbolic_image=True)
@@ -182,7 +196,8 @@ class GroupGemmConv(UnpackedConv):
     def loop_nest(self, shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
         if takes_bf16(shape, isa):
-            return group_gemm_bf16_body(shape, x, w, out, tile, epilogue, isa=isa)
+            return group_gemm_bf16_body(shape, x, w, out, tile, epilogue, isa=isa,
+                                        shuffled=self.shuffled)
         if shape.symbolic_image:
             with parallel_over_images():
                 return group_gemm_body(shape, x, w, out, tile, epilogue, fused, isa=isa)

@@ -44,29 +44,41 @@ def bf16_tile(shape: ConvShape, isa: ISA) -> tuple[int, int]:
 
 
 def group_gemm_bf16_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
-                         tile: tuple[int, int], epilogue: Epilogue, *, isa: ISA) -> Stmt:
+                         tile: tuple[int, int], epilogue: Epilogue, *, isa: ISA,
+                         shuffled: bool = False) -> Stmt:
     """The loop nest (module docstring): `x` NCHW, `w` OIHW, `out` NCHW, `epilogue`
-    over the 4-D output index."""
+    over the 4-D output index. `shuffled`: group `g`'s row `co` is output channel
+    `co * groups + g` (a channel shuffle in the stores: kiln.ops.conv_direct.SHUFFLED),
+    still a vector along the positions per row."""
     mr, nr = tile
     groups = shape.groups
     cog, cig = shape.c_out // groups, shape.c_in // groups
     positions = shape.out_h * shape.out_w
     # per-group views: the weight [g][co][k], the input [g][k][p], the output [g][co][p]
-    sources = ((w, (groups, cog, cig)), (x, (groups, cig, positions)),
-               (out, (groups, cog, positions)))
+    # (shuffled: [co][g][p])
+    out_dims = (cog, groups, positions) if shuffled else (groups, cog, positions)
+    sources = ((w, (groups, cog, cig)), (x, (groups, cig, positions)), (out, out_dims))
     a, xg, o = (Buffer(f"{buf.name}_grouped", dims, buf.dtype) for buf, dims in sources)
     decls = [DeclBuffer(v, buf, 0) for v, (buf, _) in zip((a, xg, o), sources, strict=True)]
     b = ActivationB(xg, (groups,), cig, positions, False)
     flat = FlatEpilogue(epilogue, shape.out_h, shape.out_w)
 
+    def channel(grp: PrimExpr, co: PrimExpr) -> PrimExpr:
+        return co * groups + grp if shuffled else grp * cog + co
+
     def grouped(value: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
         grp, co, p = idx
-        return flat(value, (const(0), grp * cog + co, p))
+        return flat(value, (const(0), channel(grp, co), p))
+
+    def shuffled_at(idx: tuple[PrimExpr, ...]) -> tuple[PrimExpr, ...]:
+        grp, co, p = idx
+        return (co, grp, p)
 
     mr = min(mr, cog)
     prologue, words_at, words, panels = pack_b_bf16_at_run_time(b, nr, isa=isa,
                                                                 compact_tail=True)
     nest = Bf16Nest(a, words_at, o, grouped, (cog,), cog, positions, cig, mr, nr,
-                    panel_group(words, nr, panels, isa), words, panels, isa, (groups,))
+                    panel_group(words, nr, panels, isa), words, panels, isa, (groups,),
+                    store_at=shuffled_at if shuffled else None)
     body = bf16_body(nest)  # first: building it declares the epilogue's flat views
     return seq(*decls, *flat.decls, *prologue, body)

@@ -120,6 +120,8 @@ class Bf16Nest:
     #: The packed B buffer `[panels][words][nr]` when AMX tiles compute each register
     #: tile (kiln.kernels.gemm.amx_bf16); None: `dot2_bf16` vectors.
     amx: Buffer | None = None
+    #: Where `out` holds the output at an index (the epilogue's): None, at that index.
+    store_at: Callable[[tuple[PrimExpr, ...]], tuple[PrimExpr, ...]] | None = None
 
 
 #: Where a parallel tile is: the flat batch index and the batch index (both 0 and ()
@@ -216,7 +218,8 @@ def _stores(nest: Bf16Nest, at_: _At, panel: PrimExpr, stage: Buffer) -> Stmt:
         idx = (*bi, *unflatten(rv, nest.rows, "o", lets), n0 + v)
         kind = "vectorized" if isinstance(cols, Const) else "serial"
         row = For(v, const(0), cols, kind,
-                  Store(nest.out, nest.epilogue(stage[r, v], idx), idx))
+                  Store(nest.out, nest.epilogue(stage[r, v], idx),
+                        idx if nest.store_at is None else nest.store_at(idx)))
         return For(r, const(0), rows_here, "serial", seq(*lets, row))
 
     if n % nr == 0:
