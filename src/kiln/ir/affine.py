@@ -51,11 +51,17 @@ def coefficient(e: PrimExpr, v: Var) -> int | None:
     indexed by `v`, ...). Integer expressions only: a float has no index step."""
     if not dt.is_int(e.dtype):
         return None
+    c = _affine_coefficient(e, v)
+    # what is not of that form still moves by 0 if `v` is not in it: asked only then, so
+    # an index is walked once, not once per level
+    return 0 if c is None and not mentions(e, {v}) else c
+
+
+def _affine_coefficient(e: PrimExpr, v: Var) -> int | None:
+    """`coefficient` of an integer `e` read off its form alone (None: not of that form)."""
     if isinstance(e, Var):
         return 1 if e is v else 0
     if isinstance(e, Const):
-        return 0
-    if not mentions(e, {v}):
         return 0
     if isinstance(e, BinaryOp) and e.op in ("add", "sub"):
         a, b = coefficient(e.a, v), coefficient(e.b, v)

@@ -174,7 +174,7 @@ class VectorBody:
         return self.fail(f"the body holds a {type(s).__name__}, not only stores and lets")
 
     def contiguous(self, buf: Buffer, indices: tuple[PrimExpr, ...]) -> bool:
-        if any(mentions(i, self.vectors) for i in indices):
+        if self.vectors and any(mentions(i, self.vectors) for i in indices):
             return False  # indexed by a computed vector: a gather
         return flat_coefficient(buf, indices, self.var) == 1
 
