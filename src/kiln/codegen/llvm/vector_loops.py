@@ -11,7 +11,6 @@ Expressions that do not depend on the loop variable are computed once and broadc
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -20,6 +19,7 @@ from llvmlite import ir
 from kiln.codegen.llvm import arith
 from kiln.codegen.llvm.dtypes import F32, I32, storage_type
 from kiln.codegen.llvm.intrinsics import emit_intrinsic
+from kiln.codegen.llvm.vector_constants import splat, undef
 from kiln.ir import dtype as dt
 from kiln.ir.affine import mentions_memoized
 from kiln.ir.analysis.vector_loops import narrowed, vector_shape_fault
@@ -175,20 +175,12 @@ class _VectorBody:
         return b.sext(x, vt) if signed else b.zext(x, vt)
 
     def broadcast(self, value: ir.Value) -> ir.Value:
-        undef, zeros = _broadcast_operands(value.type, self.lanes)
-        one = self.b.insert_element(undef, value, _LANE_0)
-        return self.b.shuffle_vector(one, undef, zeros)
+        undef_vector = undef(ir.VectorType(value.type, self.lanes))
+        one = self.b.insert_element(undef_vector, value, _LANE_0)
+        return self.b.shuffle_vector(one, undef_vector, splat(I32, self.lanes, 0))
 
 
 _LANE_0 = ir.Constant(I32, 0)
-
-
-@functools.lru_cache(maxsize=256)
-def _broadcast_operands(element: ir.Type, lanes: int) -> tuple[ir.Constant, ir.Constant]:
-    """The `undef` vector and the all-zero lane mask of a broadcast: built (and printed,
-    llvmlite keeps a constant's text) once, not once per broadcast."""
-    return (ir.Constant(ir.VectorType(element, lanes), ir.Undefined),
-            ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
 
 def _items(s: Stmt) -> Iterator[Stmt]:
