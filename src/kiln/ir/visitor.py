@@ -533,7 +533,7 @@ class StmtExprMutator(StmtMutator):
             return value
         if isinstance(value, t.Buffer):
             return self.visit_buffer(value)
-        return self.visit_stmt(value)
+        return self.visit_stmt(value) if role == STMT else self.visit_expr(value)
 
     # leaves: no child to rewrite (what generic_visit would find)
     def visit_var(self, e: t.Var) -> t.PrimExpr: return e
