@@ -8,15 +8,41 @@ buffer. These are facts about expressions, answered here without simplifying the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kiln.ir import dtype as dt
 from kiln.ir.structural import structural_equal
 from kiln.ir.tensor import BinaryOp, Buffer, Cast, Const, PrimExpr, Var
-from kiln.ir.visitor import iter_exprs
+from kiln.ir.visitor import expr_children, iter_exprs
 
 
 def mentions(e: PrimExpr, names: set[Var] | frozenset[Var]) -> bool:
     """True if any variable of `names` occurs in `e`."""
     return any(isinstance(x, Var) and x in names for x in iter_exprs(e))
+
+
+def mentions_memoized(root: PrimExpr, named: Callable[[Var], bool],
+                      memo: dict[int, tuple[PrimExpr, bool]]) -> bool:
+    """Whether a variable that `named` accepts occurs in `root`, for walks that ask this
+    of every node on their way down: each node's answer is computed once, bottom-up, and
+    kept in `memo` (id -> (node, answer); the node is kept so that its id stays its own),
+    instead of walking each subtree again (quadratic in the depth). The caller clears
+    `memo` when `named` changes its answer for a variable the memo has seen."""
+    stack = [root]
+    while stack:
+        e = stack[-1]
+        if id(e) in memo:
+            stack.pop()
+            continue
+        kids = [c for c in expr_children(e) if isinstance(c, PrimExpr)]
+        todo = [c for c in kids if id(c) not in memo]
+        if todo:
+            stack.extend(todo)
+            continue
+        stack.pop()
+        found = named(e) if isinstance(e, Var) else any(memo[id(c)][1] for c in kids)
+        memo[id(e)] = (e, found)
+    return memo[id(root)][1]
 
 
 def coefficient(e: PrimExpr, v: Var) -> int | None:
@@ -25,11 +51,17 @@ def coefficient(e: PrimExpr, v: Var) -> int | None:
     indexed by `v`, ...). Integer expressions only: a float has no index step."""
     if not dt.is_int(e.dtype):
         return None
+    c = _affine_coefficient(e, v)
+    # what is not of that form still moves by 0 if `v` is not in it: asked only then, so
+    # an index is walked once, not once per level
+    return 0 if c is None and not mentions(e, {v}) else c
+
+
+def _affine_coefficient(e: PrimExpr, v: Var) -> int | None:
+    """`coefficient` of an integer `e` read off its form alone (None: not of that form)."""
     if isinstance(e, Var):
         return 1 if e is v else 0
     if isinstance(e, Const):
-        return 0
-    if not mentions(e, {v}):
         return 0
     if isinstance(e, BinaryOp) and e.op in ("add", "sub"):
         a, b = coefficient(e.a, v), coefficient(e.b, v)

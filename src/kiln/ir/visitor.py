@@ -429,8 +429,9 @@ class StmtExprVisitor(StmtVisitor):
                 else:
                     self.visit_expr(x)
 
-    def visit_var(self, e: t.Var) -> None: self.generic_visit(e)
-    def visit_const(self, e: t.Const) -> None: self.generic_visit(e)
+    # leaves: no child to visit (what generic_visit would find)
+    def visit_var(self, e: t.Var) -> None: pass
+    def visit_const(self, e: t.Const) -> None: pass
     def visit_binary_op(self, e: t.BinaryOp) -> None: self.generic_visit(e)
     def visit_compare(self, e: t.Compare) -> None: self.generic_visit(e)
     def visit_unary_op(self, e: t.UnaryOp) -> None: self.generic_visit(e)
@@ -523,6 +524,8 @@ class StmtExprMutator(StmtMutator):
         return self._rewrite_fields(node, (VAR_DEF,))
 
     def _rewrite(self, value: Any, role: str) -> Any:
+        if isinstance(value, t.PrimExpr):  # the most common child first
+            return self.visit_expr(value)
         if isinstance(value, tuple):  # the same tuple when no item changed
             items = tuple([self._rewrite(x, role) for x in value])
             return value if _same(items, value) else items
@@ -530,12 +533,11 @@ class StmtExprMutator(StmtMutator):
             return value
         if isinstance(value, t.Buffer):
             return self.visit_buffer(value)
-        if role == STMT:
-            return self.visit_stmt(value)
-        return self.visit_expr(value)
+        return self.visit_stmt(value) if role == STMT else self.visit_expr(value)
 
-    def visit_var(self, e: t.Var) -> t.PrimExpr: return self.generic_visit(e)
-    def visit_const(self, e: t.Const) -> t.PrimExpr: return self.generic_visit(e)
+    # leaves: no child to rewrite (what generic_visit would find)
+    def visit_var(self, e: t.Var) -> t.PrimExpr: return e
+    def visit_const(self, e: t.Const) -> t.PrimExpr: return e
     def visit_binary_op(self, e: t.BinaryOp) -> t.PrimExpr: return self.generic_visit(e)
     def visit_compare(self, e: t.Compare) -> t.PrimExpr: return self.generic_visit(e)
     def visit_unary_op(self, e: t.UnaryOp) -> t.PrimExpr: return self.generic_visit(e)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from llvmlite import ir
 
 from kiln.codegen.llvm.decls import intrinsic
+from kiln.codegen.llvm.vector_constants import lanes_mask, splat, undef
 from kiln.target.isa import ISA
 
 I32, F32 = ir.IntType(32), ir.FloatType()
@@ -30,16 +31,12 @@ def bf16_dot_lanes(isa: ISA) -> int:
     return ZMM_LANES if isa.has("avx512bf16") and isa.vector_bits >= 512 else 0
 
 
-def _splat(ty: ir.Type, n: int, value: int) -> ir.Constant:
-    return ir.Constant(ir.VectorType(ty, n), [value] * n)
-
-
 def _halves(b: ir.IRBuilder, word: ir.Value) -> tuple[ir.Value, ir.Value]:
     """The high and low bfloat16 of `<n x i32>` words, as `<n x float>`."""
     n = word.type.count
     ft = ir.VectorType(F32, n)
-    hi = b.bitcast(b.and_(word, _splat(I32, n, -0x10000)), ft)
-    lo = b.bitcast(b.shl(word, _splat(I32, n, 16)), ft)
+    hi = b.bitcast(b.and_(word, splat(I32, n, -0x10000)), ft)
+    lo = b.bitcast(b.shl(word, splat(I32, n, 16)), ft)
     return hi, lo
 
 
@@ -49,18 +46,16 @@ def _portable(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, w: ir.Value) -> ir.Va
 
 
 def _slice(b: ir.IRBuilder, v: ir.Value, start: int, count: int) -> ir.Value:
-    mask = ir.Constant(ir.VectorType(I32, count), [start + i if start + i < v.type.count
-                                                   else v.type.count for i in range(count)])
-    return b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
+    return b.shuffle_vector(v, undef(v.type), lanes_mask(start, count, v.type.count))
 
 
 def _concat(b: ir.IRBuilder, parts: list[ir.Value], n: int) -> ir.Value:
     """The first `n` lanes of `parts` end to end."""
     while len(parts) > 1:
         if len(parts) % 2:
-            parts.append(ir.Constant(parts[0].type, ir.Undefined))
+            parts.append(undef(parts[0].type))
         width = parts[0].type.count
-        mask = ir.Constant(ir.VectorType(I32, 2 * width), list(range(2 * width)))
+        mask = lanes_mask(0, 2 * width, 2 * width)
         parts = [b.shuffle_vector(parts[i], parts[i + 1], mask)
                  for i in range(0, len(parts), 2)]
     whole = parts[0]

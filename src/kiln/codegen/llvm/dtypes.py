@@ -12,6 +12,7 @@ Three views of one dtype:
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 
@@ -38,6 +39,7 @@ def is_half(dtype: str) -> bool:
     return dtype in HALF_DTYPES
 
 
+@functools.cache  # a lowering asks once per access; the answer is a fixed llvmlite type
 def storage_type(dtype: str) -> ir.Type:
     """The element type of a buffer of `dtype` (also its C scalar type)."""
     if dt.is_bool(dtype):
@@ -53,6 +55,7 @@ def storage_type(dtype: str) -> ir.Type:
 c_type = storage_type
 
 
+@functools.cache
 def compute_type(dtype: str) -> ir.Type:
     """The register type of an expression of `dtype`."""
     if dt.is_bool(dtype):
@@ -103,7 +106,22 @@ def _round_to_odd_float32(value: float) -> float:
 
 
 def const_value(value: float | int | bool, dtype: str) -> ir.Constant:
-    """An LLVM constant of `dtype`'s compute type holding `value`."""
+    """An LLVM constant of `dtype`'s compute type holding `value`.
+
+    Integer values are answered from a cache: llvmlite keeps a constant's printed text
+    on the object, so a kernel's many equal index constants are built and printed once
+    (floats are not cached: -0.0 equals 0.0 as a key, and NaN never matches)."""
+    if type(value) is int or type(value) is bool:
+        return _int_const(value, dtype)
+    return _const_value(value, dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _int_const(value: int | bool, dtype: str) -> ir.Constant:
+    return _const_value(value, dtype)
+
+
+def _const_value(value: float | int | bool, dtype: str) -> ir.Constant:
     ty = compute_type(dtype)
     if dt.is_bool(dtype):
         return ir.Constant(I1, int(bool(value)))

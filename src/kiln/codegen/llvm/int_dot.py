@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from llvmlite import ir
 
 from kiln.codegen.llvm.decls import intrinsic
+from kiln.codegen.llvm.vector_constants import lanes_mask, splat, undef
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
@@ -49,10 +50,6 @@ Lowering = Callable[[ir.IRBuilder, ir.Module, ir.Value, ir.Value, ir.Value], ir.
 
 def _vec(ty: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(ty, n)
-
-
-def _splat(ty: ir.Type, n: int, value: int) -> ir.Constant:
-    return ir.Constant(_vec(ty, n), [value] * n)
 
 
 def _bytes(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
@@ -82,9 +79,9 @@ def _madd_pairs(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
     # widened once per register, not per product: the tile's rows share the B row and
     # its columns the broadcast A word (the compiler finds the common subexpressions)
     halves = _vec(I16, 2 * n)
-    eight = _splat(I16, 2 * n, 8)
+    eight = splat(I16, 2 * n, 8)
     a16, w16 = b.bitcast(a, halves), b.bitcast(w, halves)
-    a_even, a_odd = b.and_(a16, _splat(I16, 2 * n, 0xFF)), b.lshr(a16, eight)
+    a_even, a_odd = b.and_(a16, splat(I16, 2 * n, 0xFF)), b.lshr(a16, eight)
     w_even, w_odd = b.ashr(b.shl(w16, eight), eight), b.ashr(w16, eight)
     even = _call(b, mod, madd, acc.type, (a_even, w_even))
     odd = _call(b, mod, madd, acc.type, (a_odd, w_odd))
@@ -99,7 +96,7 @@ def _maddubs(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
     ubs, madd = (("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512")
                  if n == 16 else ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"))
     pairs = _call(b, mod, ubs, _vec(I16, 2 * n), (_bytes(b, a), _bytes(b, w)))
-    return b.add(acc, _call(b, mod, madd, acc.type, (pairs, _splat(I16, 2 * n, 1))))
+    return b.add(acc, _call(b, mod, madd, acc.type, (pairs, splat(I16, 2 * n, 1))))
 
 
 def _madd_halves(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
@@ -120,11 +117,11 @@ def _usdot(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
 def _sdot(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
           w: ir.Value) -> ir.Value:
     name = "llvm.aarch64.neon.sdot.v4i32.v16i8"
-    signed = b.xor(a, _splat(I32, 4, -0x7F7F7F80))  # 0x80808080: a - 128 per byte
+    signed = b.xor(a, splat(I32, 4, -0x7F7F7F80))  # 0x80808080: a - 128 per byte
     wb = _bytes(b, w)
     dot = _call(b, mod, name, acc.type, (acc, _bytes(b, signed), wb))
-    sums = _call(b, mod, name, acc.type, (_splat(I32, 4, 0), _splat(I8, 16, 1), wb))
-    return b.add(dot, b.shl(sums, _splat(I32, 4, 7)))
+    sums = _call(b, mod, name, acc.type, (splat(I32, 4, 0), splat(I8, 16, 1), wb))
+    return b.add(dot, b.shl(sums, splat(I32, 4, 7)))
 
 
 def _portable(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
@@ -133,8 +130,8 @@ def _portable(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
     n = acc.type.count
     total = acc
     for byte in range(4):
-        x = b.and_(b.lshr(a, _splat(I32, n, 8 * byte)), _splat(I32, n, 0xFF))
-        y = b.ashr(b.shl(w, _splat(I32, n, 24 - 8 * byte)), _splat(I32, n, 24))
+        x = b.and_(b.lshr(a, splat(I32, n, 8 * byte)), splat(I32, n, 0xFF))
+        y = b.ashr(b.shl(w, splat(I32, n, 24 - 8 * byte)), splat(I32, n, 24))
         total = b.add(total, b.mul(x, y))
     return total
 
@@ -144,12 +141,12 @@ def _portable_sat16(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
     n = acc.type.count
     total = acc
     for pair in (0, 2):
-        s: ir.Value = _splat(I32, n, 0)
+        s: ir.Value = splat(I32, n, 0)
         for byte in (pair, pair + 1):
-            x = b.and_(b.lshr(a, _splat(I32, n, 8 * byte)), _splat(I32, n, 0xFF))
-            y = b.ashr(b.shl(w, _splat(I32, n, 24 - 8 * byte)), _splat(I32, n, 24))
+            x = b.and_(b.lshr(a, splat(I32, n, 8 * byte)), splat(I32, n, 0xFF))
+            y = b.ashr(b.shl(w, splat(I32, n, 24 - 8 * byte)), splat(I32, n, 24))
             s = b.add(s, b.mul(x, y))
-        lo, hi = _splat(I32, n, -32768), _splat(I32, n, 32767)
+        lo, hi = splat(I32, n, -32768), splat(I32, n, 32767)
         s = b.select(b.icmp_signed("<", s, lo), lo, s)
         s = b.select(b.icmp_signed(">", s, hi), hi, s)
         total = b.add(total, s)
@@ -161,7 +158,7 @@ def _portable_i16(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
     n = acc.type.count
     total = acc
     for half in (0, 1):
-        x, y = (b.ashr(b.shl(v, _splat(I32, n, 16 - 16 * half)), _splat(I32, n, 16))
+        x, y = (b.ashr(b.shl(v, splat(I32, n, 16 - 16 * half)), splat(I32, n, 16))
                 for v in (a, w))
         total = b.add(total, b.mul(x, y))
     return total
@@ -225,8 +222,7 @@ def _emit(b: ir.IRBuilder, mod: ir.Module, family: str | None, args: Sequence[ir
 
 
 def _slice(b: ir.IRBuilder, v: ir.Value, start: int, count: int) -> ir.Value:
-    mask = ir.Constant(_vec(I32, count), list(range(start, start + count)))
-    return b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
+    return b.shuffle_vector(v, undef(v.type), lanes_mask(start, count, start + count))
 
 
 def _resize(b: ir.IRBuilder, v: ir.Value, count: int) -> ir.Value:
@@ -234,8 +230,7 @@ def _resize(b: ir.IRBuilder, v: ir.Value, count: int) -> ir.Value:
     n = v.type.count
     if n == count:
         return v
-    mask = ir.Constant(_vec(I32, count), [i if i < n else n for i in range(count)])
-    return b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
+    return b.shuffle_vector(v, undef(v.type), lanes_mask(0, count, n))
 
 
 def _concat(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
@@ -243,9 +238,9 @@ def _concat(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
     to a power-of-two count of parts)."""
     while len(parts) > 1:
         if len(parts) % 2:
-            parts.append(ir.Constant(parts[0].type, ir.Undefined))
+            parts.append(undef(parts[0].type))
         width = parts[0].type.count
-        mask = ir.Constant(_vec(I32, 2 * width), list(range(2 * width)))
+        mask = lanes_mask(0, 2 * width, 2 * width)
         parts = [b.shuffle_vector(parts[i], parts[i + 1], mask)
                  for i in range(0, len(parts), 2)]
     return parts[0]

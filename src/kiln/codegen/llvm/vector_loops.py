@@ -19,8 +19,9 @@ from llvmlite import ir
 from kiln.codegen.llvm import arith
 from kiln.codegen.llvm.dtypes import F32, I32, storage_type
 from kiln.codegen.llvm.intrinsics import emit_intrinsic
+from kiln.codegen.llvm.vector_constants import splat, undef
 from kiln.ir import dtype as dt
-from kiln.ir.affine import mentions
+from kiln.ir.affine import mentions_memoized
 from kiln.ir.analysis.vector_loops import narrowed, vector_shape_fault
 from kiln.ir.tensor import (
     BinaryOp,
@@ -67,6 +68,9 @@ class _VectorBody:
         self.var = var
         self.lanes = lanes
         self.vectors: dict[Var, ir.Value] = {}
+        # id(expression) -> (expression, lane-variant): `vexpr` asks this of every node
+        # on its way down (kiln.ir.affine.mentions_memoized)
+        self._variant: dict[int, tuple[PrimExpr, bool]] = {}
 
     def run(self, loop: For) -> None:
         fl = self.fl
@@ -92,6 +96,7 @@ class _VectorBody:
                     table, value = self.vectors, self.vexpr(item.value)
                 bound.append((item.var, table is self.vectors, table.get(item.var)))
                 table[item.var] = value
+                self._forget(item.var)
             else:
                 assert isinstance(item, Store)
                 narrow = narrowed(item)
@@ -108,9 +113,20 @@ class _VectorBody:
                 table.pop(var, None)
             else:
                 table[var] = previous
+            self._forget(var)
+
+    def _forget(self, var: Var) -> None:
+        """Drop the answers of `lane_invariant` when `var` (a let variable just bound or
+        unbound) was among the nodes they looked at."""
+        if id(var) in self._variant:
+            self._variant.clear()
 
     def lane_invariant(self, e: PrimExpr) -> bool:
-        return not mentions(e, {self.var, *self.vectors})
+        """Whether `e` mentions neither the loop variable nor a vector let."""
+        return not mentions_memoized(e, self._lane_variable, self._variant)
+
+    def _lane_variable(self, v: Var) -> bool:
+        return v is self.var or v in self.vectors
 
     def vexpr(self, e: PrimExpr) -> ir.Value:
         fl, b = self.fl, self.b
@@ -159,11 +175,12 @@ class _VectorBody:
         return b.sext(x, vt) if signed else b.zext(x, vt)
 
     def broadcast(self, value: ir.Value) -> ir.Value:
-        vt = ir.VectorType(value.type, self.lanes)
-        undef = ir.Constant(vt, ir.Undefined)
-        one = self.b.insert_element(undef, value, ir.Constant(I32, 0))
-        zeros = ir.Constant(ir.VectorType(I32, self.lanes), [0] * self.lanes)
-        return self.b.shuffle_vector(one, undef, zeros)
+        undef_vector = undef(ir.VectorType(value.type, self.lanes))
+        one = self.b.insert_element(undef_vector, value, _LANE_0)
+        return self.b.shuffle_vector(one, undef_vector, splat(I32, self.lanes, 0))
+
+
+_LANE_0 = ir.Constant(I32, 0)
 
 
 def _items(s: Stmt) -> Iterator[Stmt]:

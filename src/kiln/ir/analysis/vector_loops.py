@@ -40,7 +40,7 @@ when:
 
 from __future__ import annotations
 
-from kiln.ir.affine import constant_offset, flat_coefficient, mentions
+from kiln.ir.affine import constant_offset, flat_coefficient, mentions, mentions_memoized
 from kiln.ir.dtype import itemsize as dtype_bytes
 from kiln.ir.identity_cache import IdentityCache
 from kiln.ir.tensor import (
@@ -68,7 +68,7 @@ from kiln.ir.tensor import (
     UnaryOp,
     Var,
 )
-from kiln.ir.visitor import expr_children, iter_exprs, iter_nodes, iter_stmts
+from kiln.ir.visitor import iter_exprs, iter_nodes, iter_stmts
 
 MAX_LANES = 256
 VECTOR_DTYPES = frozenset({"float32", "float64"})
@@ -138,25 +138,11 @@ class VectorBody:
 
     def _varies(self, root: PrimExpr) -> bool:
         """Whether `root` mentions the loop variable or a vector let. `expr` asks this of
-        every node on its way down, so each node's answer is computed once (bottom-up)
-        rather than by walking its whole subtree again: quadratic in the depth otherwise."""
-        memo = self._varying
-        stack = [root]
-        while stack:
-            e = stack[-1]
-            if id(e) in memo:
-                stack.pop()
-                continue
-            kids = [c for c in expr_children(e) if isinstance(c, PrimExpr)]
-            todo = [c for c in kids if id(c) not in memo]
-            if todo:
-                stack.extend(todo)
-                continue
-            stack.pop()
-            varies = (e is self.var or e in self.vectors if isinstance(e, Var)
-                      else any(memo[id(c)][1] for c in kids))
-            memo[id(e)] = (e, varies)
-        return memo[id(root)][1]
+        every node on its way down: each node's answer is kept (`mentions_memoized`)."""
+        return mentions_memoized(root, self._lane_variable, self._varying)
+
+    def _lane_variable(self, v: Var) -> bool:
+        return v is self.var or v in self.vectors
 
     def stmt(self, s: Stmt) -> bool:
         if isinstance(s, SeqStmt):
@@ -188,7 +174,7 @@ class VectorBody:
         return self.fail(f"the body holds a {type(s).__name__}, not only stores and lets")
 
     def contiguous(self, buf: Buffer, indices: tuple[PrimExpr, ...]) -> bool:
-        if any(mentions(i, self.vectors) for i in indices):
+        if self.vectors and any(mentions(i, self.vectors) for i in indices):
             return False  # indexed by a computed vector: a gather
         return flat_coefficient(buf, indices, self.var) == 1
 
