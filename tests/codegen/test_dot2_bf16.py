@@ -1,11 +1,15 @@
 """The `dot2_bf16` intrinsic (two bfloat16 products per int32 word added to a float32,
-kiln.ir.tensor; the bf16 GEMM's step, kiln.kernels.gemm.bf16): on the reference
-interpreter and llvm against numpy, one `vdpbf16ps` per 16 lanes on an AVX512-BF16
-target, the float32 form elsewhere (llvm's `znver3`), through kiln.script and back."""
+kiln.ir.tensor; the bf16 GEMM's step, kiln.kernels.gemm.bf16) and `bf16_pair` (the
+words it reads, two float32 values rounded to bfloat16), in one loop: on the reference
+interpreter and llvm against numpy, one `vdpbf16ps` and one `vcvtne2ps2bf16` per 16
+lanes on an AVX512-BF16 target, the float32 and integer forms elsewhere (llvm's
+`znver3`), through kiln.script and back."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +19,7 @@ from kiln.codegen.constants import ConstantPool
 from kiln.codegen.cpu_requirements import required_features
 from kiln.codegen.llvm.codegen import compile_module
 from kiln.ir import IRModule, assert_structural_equal, evaluate
-from kiln.ir.tensor import DOT2_BF16, Buffer, Const, For, Intrin, PrimFunc, Store, Var
+from kiln.ir import tensor as tir
 from kiln.ops.gemm_bf16 import bf16_round
 from kiln.script import from_source, print_module
 from kiln.target import Target
@@ -28,21 +32,36 @@ SPR = "llvm -mtriple=x86_64-linux-gnu -mcpu=sapphirerapids"
 
 
 def _module() -> IRModule:
-    acc, out = Buffer("acc", (N,), "float32"), Buffer("out", (N,), "float32")
-    a, b = Buffer("a", (N,), "int32"), Buffer("b", (N,), "int32")
-    i = Var("i", "int64")
-    body = For(i, Const(0, "int64"), Const(N, "int64"), "vectorized",
-               Store(out, Intrin(DOT2_BF16, (acc[i], a[i], b[i])), (i,)))
-    return IRModule({"dot": PrimFunc((acc, a, b, out), body)})
+    acc, out = tir.Buffer("acc", (N,), "float32"), tir.Buffer("out", (N,), "float32")
+    a, b = tir.Buffer("a", (N,), "int32"), tir.Buffer("b", (N,), "int32")
+    lo, hi = tir.Buffer("lo", (N,), "float32"), tir.Buffer("hi", (N,), "float32")
+    pairs = tir.Buffer("pairs", (N,), "int32")
+    i = tir.Var("i", "int64")
+    dot = tir.Store(out, tir.Intrin(tir.DOT2_BF16, (acc[i], a[i], b[i])), (i,))
+    pair = tir.Store(pairs, tir.Intrin(tir.BF16_PAIR, (lo[i], hi[i])), (i,))
+    body = tir.For(i, tir.Const(0, "int64"), tir.Const(N, "int64"), "vectorized",
+                   tir.seq(dot, pair))
+    return IRModule({"dot": tir.PrimFunc((acc, a, b, out, lo, hi, pairs), body)})
 
 
-def _operands() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _operands() -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(7)
     acc = rng.standard_normal(N).astype(np.float32)
     a, b = (bf16_round(rng.standard_normal(2 * N).astype(np.float32)).view(np.uint32) >> 16
             for _ in range(2))
     words = [(x[0::2] | (x[1::2] << 16)).astype(np.uint32).view(np.int32) for x in (a, b)]
-    return acc, words[0], words[1]
+    lo, hi = (rng.standard_normal(N).astype(np.float32) * 1e3 for _ in range(2))
+    # ties to even both ways, a NaN, infinities and a signed zero
+    lo[:6] = np.array([0x3F808000, 0x3F818000, 0x7FC00000, 0x7F800000, 0x80000000,
+                       0xC0FFFFFF], np.uint32).view(np.float32)
+    hi[:3] = np.array([0x3F818000, 0xFF800000, 0x7F7FFFFF], np.uint32).view(np.float32)
+    return acc, words[0], words[1], lo, hi
+
+
+def _pairs(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """bfloat16 `lo` in each word's low half, `hi` in its high half."""
+    low, high = (bf16_round(x).view(np.uint32) for x in (lo, hi))
+    return ((low >> 16) | (high & 0xFFFF0000)).view(np.int32)
 
 
 def _expected(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -54,12 +73,19 @@ def _expected(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (acc + ah * bh) + al * bl  # float32, the high half first (vdpbf16ps's order)
 
 
+def _check(run: Callable[..., Any]) -> None:
+    """`run(*operands, out, pairs)` fills both outputs as numpy computes them."""
+    acc, a, b, lo, hi = _operands()
+    out, pairs = np.zeros(N, np.float32), np.zeros(N, np.int32)
+    run(acc, a, b, out, lo, hi, pairs)
+    np.testing.assert_array_equal(out, _expected(acc, a, b))
+    np.testing.assert_array_equal(pairs, _pairs(lo, hi))
+
+
 def test_interpreter_and_script() -> None:
-    out = np.zeros(N, np.float32)
-    evaluate(_module(), "dot", *_operands(), out)
-    np.testing.assert_array_equal(out, _expected(*_operands()))
+    _check(lambda *args: evaluate(_module(), "dot", *args))
     text = print_module(_module())
-    assert "T.dot2_bf16(" in text
+    assert "T.dot2_bf16(" in text and "T.bf16_pair(" in text
     assert_structural_equal(from_source(text), _module())
 
 
@@ -84,11 +110,11 @@ def _lacks(target: str) -> list[str]:
                                                  ("llvm -mcpu=znver3", False)])
 def test_llvm(target: str, bf16: bool) -> None:
     # 37 lanes: vdpbf16ps on whole vectors of 16, the rest however LLVM splits it
-    found = len(re.findall(r"\bvdpbf16ps\b", _assembly(target)))
-    assert found >= 2 if bf16 else found == 0
+    assembly = _assembly(target)
+    for instruction in ("vdpbf16ps", "vcvtne2ps2bf16"):
+        found = len(re.findall(rf"\b{instruction}\b", assembly))
+        assert found >= 2 if bf16 else found == 0
     if _lacks(target):  # every feature the library records, not only the ISA's
         pytest.skip(f"this host lacks {', '.join(_lacks(target))} of {target}: compiled only")
-    out = np.zeros(N, np.float32)
-    kiln.compile(_module(), target)["dot"](*_operands(), out)
     # exact: the products of bfloat16 values are exact in float32, the operands normal
-    np.testing.assert_array_equal(out, _expected(*_operands()))
+    _check(kiln.compile(_module(), target)["dot"])

@@ -620,6 +620,8 @@ class _Compiler:
         name = e.name
         if name == t.DOT2_BF16:
             return _V(f"_dot2_bf16({codes})", depth=depth)
+        if name == t.BF16_PAIR:
+            return self.wrap(f"_bf16_pair({codes})", -(1 << 31), (1 << 31) - 1, "int32", depth)
         if name in t.DOT4_INTRINSICS:
             return self.wrap(f"_{name}({codes})", None, None, "int32", depth)
         if not dt.is_float(dtype):

@@ -250,10 +250,25 @@ def _dot2_bf16(acc: Any, a: Any, b: Any) -> np.float32:
         return np.float32(np.float32(np.float32(acc) + hi) + lo)
 
 
+def _bf16_bits(x: Any) -> int:
+    """The 16 bits of float32 `x` rounded to bfloat16 (nearest, ties to even; NaN 0x7FC0)."""
+    value = np.float32(x)
+    if np.isnan(value):
+        return 0x7FC0
+    bits = int(np.array([value], dtype=np.float32).view(np.uint32)[0])
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def _bf16_pair(lo: Any, hi: Any) -> int:
+    """The `bf16_pair` intrinsic: the int32 word of `lo` (half 0) and `hi` as bfloat16."""
+    word = _bf16_bits(lo) | (_bf16_bits(hi) << 16)
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
 def _base_namespace() -> dict[str, Any]:
     ns: dict[str, Any] = {
         "_check": _check, "_dot4_u8s8": _dot4_u8s8, "_dot4_u8s8_sat16": _dot4_u8s8_sat16,
-        "_dot2_i16": _dot2_i16, "_dot2_bf16": _dot2_bf16,
+        "_dot2_i16": _dot2_i16, "_dot2_bf16": _dot2_bf16, "_bf16_pair": _bf16_pair,
         "_Fault": Fault, "_tdiv": _tdiv, "_tmod": _tmod, "_ipow": _ipow, "_shl": _shl,
         "_shr": _shr, "_sel": _sel, "_f2i": _f2i, "_fmin": _fmin, "_fmax": _fmax,
         "_ffloordiv": _ffloordiv, "_ffloormod": _ffloormod, "_round16": round16,

@@ -41,7 +41,9 @@ Intrinsics and externs
   `sigmoid(x) = 1 / (1 + exp(-x))`, each step in the dtype. `erf` uses math.erf.
   `abs` also accepts integers (abs(INT_MIN) wraps to INT_MIN). `dot4_u8s8` is
   exact integer arithmetic wrapped to int32 (`dot4_u8s8_sat16` clamps its two pair
-  sums to int16 first; `dot2_i16` multiplies signed 16-bit halves).
+  sums to int16 first; `dot2_i16` multiplies signed 16-bit halves). `dot2_bf16`
+  adds two exact bfloat16 products in float32; `bf16_pair` rounds two float32 values
+  to bfloat16 (ties to even, a NaN 0x7FC0) into one int32 word, subnormals kept.
 - `CallExtern` supports the libm functions in `EXTERN_REFERENCES` (expf, exp,
   logf, sqrtf, tanhf, erff, fabsf, powf, ... and their double versions) on
   scalars, and memcpy / memmove / memset on buffers (their pointer result reads

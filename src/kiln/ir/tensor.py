@@ -279,6 +279,8 @@ INTRINSICS: dict[str, int] = {
     "dot2_i16": 3,
     # dot2_bf16(acc, a, b): two bfloat16 products per word summed into float32 (DOT2_BF16)
     "dot2_bf16": 3,
+    # bf16_pair(lo, hi): two float32 values rounded to bfloat16 in one int32 word (BF16_PAIR)
+    "bf16_pair": 2,
     CHECK_INTRINSIC: 2,
     PREFETCH_INTRINSIC: 1,
     PROFILE_START: 1, PROFILE_STOP: 2,
@@ -308,6 +310,12 @@ DOT2_I16 = "dot2_i16"
 # also flushes subnormals to zero); the llvm backend emits it where the target has
 # AVX512-BF16, else these float32 operations (kiln.codegen.llvm.bf16_dot).
 DOT2_BF16 = "dot2_bf16"
+# `bf16_pair(lo, hi)`: `lo` and `hi` float32, the result the int32 word of both rounded
+# to bfloat16 (nearest, ties to even; a NaN a quiet NaN), `lo` in half 0: the words
+# `dot2_bf16` reads. A subnormal may come out as a zero of its sign (x86
+# `vcvtne2ps2bf16`, which the llvm backend emits where the target has AVX512-BF16,
+# flushes them; `vdpbf16ps` flushes them anyway).
+BF16_PAIR = "bf16_pair"
 #: The integer dot-product intrinsics (int32 arguments: packed words of 4 bytes, or of
 #: 2 int16 halves for `dot2_i16`).
 DOT4_INTRINSICS = frozenset({DOT4_U8S8, DOT4_U8S8_SAT16, DOT2_I16})
@@ -382,6 +390,8 @@ def _result_dtype(e: PrimExpr) -> str:
             e = e.a
         elif isinstance(e, Select):
             e = e.true_value
+        elif isinstance(e, Intrin) and e.name == BF16_PAIR:
+            return "int32"
         elif isinstance(e, Intrin) and e.name not in BOOL_INTRINSICS:
             e = e.args[0]
         elif isinstance(e, Intrin):

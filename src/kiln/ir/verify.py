@@ -574,6 +574,12 @@ class _PrimFuncVerifier(StmtExprVisitor):
                            f"(bfloat16 pairs), got {[a.dtype for a in e.args]}", e)
             super().visit_intrin(e)
             return
+        if e.name == t.BF16_PAIR:
+            if any(a.dtype != "float32" for a in e.args):
+                self.fault(f"intrinsic '{e.name}' takes two float32 values, got "
+                           f"{[a.dtype for a in e.args]}", e)
+            super().visit_intrin(e)
+            return
         if e.name in t.DOT4_INTRINSICS and first != "int32":
             self.fault(f"intrinsic '{e.name}' takes int32 arguments (4 packed bytes), "
                        f"got {first}", e)

@@ -1,5 +1,5 @@
 """The `dot2_bf16` intrinsic (kiln.ir.tensor) as AVX512-BF16 `vdpbf16ps`, or float32
-arithmetic.
+arithmetic; `bf16_pair`, the words it reads, as `vcvtne2ps2bf16`, or integer arithmetic.
 
 `dot2_bf16(acc, a, b)` adds to each float32 lane of `acc` the two products of the
 bfloat16 halves of the int32 words `a` and `b`. Where the target has AVX512-BF16
@@ -9,6 +9,12 @@ lanes (the words passed as `<16 x i32>`: LLVM's bitcode upgrade reads them as it
 the upper half of a float32) and the products added high half first, as the
 instruction does. The instruction flushes subnormal inputs and results to zero, the
 float32 form does not: the two differ on values below 2^-126 only.
+
+`bf16_pair(lo, hi)` on AVX512-BF16 is one `llvm.x86.avx512bf16.cvtne2ps2bf16.512` per
+16 lanes (its 32 bfloat16 results, `lo`'s then `hi`'s, interleaved by one word
+permute); elsewhere, and on scalars or vectors of other widths, the rounding in int32
+arithmetic (the bits plus 0x7FFF plus the lowest kept bit, a NaN 0x7FC0), two
+instructions per 16 words against about fourteen.
 """
 
 from __future__ import annotations
@@ -60,6 +66,43 @@ def _concat(b: ir.IRBuilder, parts: list[ir.Value], n: int) -> ir.Value:
                  for i in range(0, len(parts), 2)]
     whole = parts[0]
     return whole if whole.type.count == n else _slice(b, whole, 0, n)
+
+
+def _rounded_upper(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """int32 (vector) whose upper half is float32 `x` rounded to bfloat16 (nearest, ties
+    to even; a NaN 0x7FC0)."""
+    n = x.type.count if isinstance(x.type, ir.VectorType) else 0
+
+    def const(value: int) -> ir.Constant:
+        return splat(I32, n, value) if n else ir.Constant(I32, value)
+
+    bits = b.bitcast(x, ir.VectorType(I32, n) if n else I32)
+    lowest_kept = b.and_(b.lshr(bits, const(16)), const(1))
+    rounded = b.add(b.add(bits, const(0x7FFF)), lowest_kept)
+    return b.select(b.fcmp_unordered("uno", x, x), const(0x7FC00000), rounded)
+
+
+def emit_bf16_pair(b: ir.IRBuilder, mod: ir.Module, lanes: int,
+                   args: Sequence[ir.Value]) -> ir.Value:
+    """`bf16_pair(lo, hi)` on float32 scalars or `<n x float>` vectors; `lanes`: the
+    target's bfloat16 instruction lanes (`bf16_dot_lanes`; 0: the integer form)."""
+    lo, hi = args
+    n = lo.type.count if isinstance(lo.type, ir.VectorType) else 0
+    if lanes != ZMM_LANES or not n or n % lanes:
+        upper_lo, upper_hi = _rounded_upper(b, lo), _rounded_upper(b, hi)
+        low = b.lshr(upper_lo, splat(I32, n, 16) if n else ir.Constant(I32, 16))
+        high = b.and_(upper_hi, splat(I32, n, -0x10000) if n else ir.Constant(I32, -0x10000))
+        return b.or_(low, high)
+    ft, ht = ir.VectorType(F32, lanes), ir.VectorType(ir.IntType(16), 2 * lanes)
+    fn = intrinsic(mod, "llvm.x86.avx512bf16.cvtne2ps2bf16.512", ht, [ft, ft])
+    interleave = ir.Constant(ir.VectorType(I32, 2 * lanes),
+                             [j // 2 + (lanes if j % 2 else 0) for j in range(2 * lanes)])
+    parts = []
+    for c in range(0, n, lanes):
+        halves = b.call(fn, [_slice(b, hi, c, lanes), _slice(b, lo, c, lanes)])
+        words = b.shuffle_vector(halves, undef(ht), interleave)
+        parts.append(b.bitcast(words, ir.VectorType(I32, lanes)))
+    return _concat(b, parts, n)
 
 
 def emit_dot2_bf16(b: ir.IRBuilder, mod: ir.Module, lanes: int,

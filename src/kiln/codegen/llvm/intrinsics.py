@@ -17,7 +17,7 @@ from llvmlite import ir
 
 from kiln.codegen.llvm import arith
 from kiln.codegen.llvm.arith import MathContext, call_float_intrinsic
-from kiln.codegen.llvm.bf16_dot import emit_dot2_bf16
+from kiln.codegen.llvm.bf16_dot import emit_bf16_pair, emit_dot2_bf16
 from kiln.codegen.llvm.decls import declare, intrinsic
 from kiln.codegen.llvm.dtypes import I1, libm_name
 from kiln.codegen.llvm.int_dot import emit_dot2_i16, emit_dot4_u8s8
@@ -141,6 +141,13 @@ def _dot2_bf16(cx: MathContext, b: ir.IRBuilder, dtype: str,
     return emit_dot2_bf16(b, cx.module, cx.bf16_dot, args)
 
 
+def _bf16_pair(cx: MathContext, b: ir.IRBuilder, dtype: str,
+               args: Sequence[ir.Value]) -> ir.Value:
+    if dtype != "float32":
+        raise CompileError(f"intrinsic bf16_pair takes float32 values, got {dtype}")
+    return emit_bf16_pair(b, cx.module, cx.bf16_dot, args)
+
+
 INTRINSICS: dict[str, IntrinEmitter] = {
     "exp": _llvm("exp"), "exp2": _llvm("exp2"), "log": _llvm("log"), "log2": _llvm("log2"),
     "sqrt": _llvm("sqrt"), "sin": _llvm("sin"), "cos": _llvm("cos"),
@@ -154,6 +161,7 @@ INTRINSICS: dict[str, IntrinEmitter] = {
     "abs": _abs, "rsqrt": _rsqrt, "sigmoid": _sigmoid, "isnan": _isnan, "isinf": _isinf,
     "pow": _pow, "fmod": _fmod, "dot4_u8s8": _dot4_u8s8,
     "dot4_u8s8_sat16": _dot4_u8s8_sat16, "dot2_i16": _dot2_i16, "dot2_bf16": _dot2_bf16,
+    "bf16_pair": _bf16_pair,
 }
 
 

@@ -16,7 +16,8 @@ when:
 - every expression that depends on the loop variable is a float32/float64 `add`, `sub`,
   `mul`, `div`, `min`, `max`, `neg`, `fma`, `floor`, `ceil`, `trunc`, `round` or
   `abs`; an int32 `add`, `sub`, `mul`, `min`, `max`, `and`, `or`, `xor`, `neg`, a
-  shift by a constant or `dot4_u8s8`; `dot2_bf16` (a float32 sum, int32 words); a
+  shift by a constant or `dot4_u8s8`; `dot2_bf16` (a float32 sum, int32 words);
+  `bf16_pair` (int32 words of float32 values); a
   `select` on a comparison of such values (or
   `isnan`); an int32-to-float32 `cast`, a widening `cast` of byte or word lanes to int32
   or float32 (zero-extended from the unsigned types, sign-extended from the signed ones:
@@ -44,6 +45,7 @@ from kiln.ir.affine import constant_offset, flat_coefficient, mentions, mentions
 from kiln.ir.dtype import itemsize as dtype_bytes
 from kiln.ir.identity_cache import IdentityCache
 from kiln.ir.tensor import (
+    BF16_PAIR,
     DOT2_BF16,
     DOT4_INTRINSICS,
     Allocate,
@@ -276,6 +278,8 @@ class VectorBody:
         if isinstance(e, UnaryOp):
             return (e.op == "neg" or self.fail(f"int32 '{e.op}' has no vector form")
                     ) and self.expr(e.a)
+        if isinstance(e, Intrin) and e.name == BF16_PAIR:
+            return all(a.dtype == "float32" and self.expr(a) for a in e.args)
         if not (isinstance(e, Intrin) and e.name in DOT4_INTRINSICS):
             return self.fail("an int32 expression other than a load, arithmetic or dot4_u8s8")
         return all(a.dtype == INT_VECTOR_DTYPE and self.expr(a) for a in e.args)

@@ -3,13 +3,15 @@ NCHW{b}c activations by bfloat16 weights packed at compile time, float32 sums, f
 targets with `precision=bf16` (kiln.target.precision).
 
 The input is converted once, before the tiles, into a workspace of bfloat16 words
-`[n][P][rows][cols][b]` (`converted_input`): word `(p, j)` of a position pairs lane `j`
-of channel blocks `2p` and `2p + 1` (the pairing `pack_conv_bf16` gave the weight), two
-contiguous runs of `b` floats, so the conversion is vector code; the zero border of a
-padded layer is written in the same pass (words of two zeros), and an unpadded strided
-1x1 layer converts only the positions it reads and then runs at stride 1. Each
-input value is thus rounded once per layer rather than once per tile of output channels
-that reads it, and the workspace is half the float32 input's bytes. A region's first
+`[n][P][rows][cols][b]` (`[n][P][rows * cols][b]` for a 1x1 layer at stride 1, whose
+tiles then read their positions at constant distances; `converted_input`): word
+`(p, j)` of a position pairs lane `j` of channel blocks `2p` and `2p + 1` (the pairing
+`pack_conv_bf16` gave the weight), two contiguous runs of `b` floats, so the conversion
+is vector code; the zero border of a padded layer is written in the same pass (words of
+two zeros), and an unpadded strided 1x1 layer converts only the positions it reads and
+then runs at stride 1. Each input value is thus rounded once per layer rather than once
+per tile of output channels that reads it, and the workspace is half the float32
+input's bytes. A region's first
 layer reads an NCHW input of fewer channels than a block (an RGB image) as blocks of one
 channel: its words pair channels (0, 1), (2, 3), ... (an odd last one with zero), each
 row converted as one vector; or, where that pairs an odd channel with zero at every tap
@@ -110,16 +112,17 @@ from kiln.target.isa import ISA
 def bf16_tile(shape: ConvShape, isa: ISA) -> tuple[int, int]:
     """`(cb, tile_w)` of a layer: the float32 NCHWc kernel's rule (kiln.kernels.conv.nchwc:
     `pointwise_tile` for a 1x1 layer, `wide_tile` for a large image, else the blocked
-    rule's two vectors x 6 positions, `widened` to the profile's
-    `bf16_min_accumulators`), in whole vectors. The register budget is the float32
-    kernel's: a `vdpbf16ps` accumulator is a float32 vector."""
+    rule's two vectors x 6 positions), `widened` to the profile's
+    `bf16_min_accumulators` (a 1x1 layer's 1 x 8 and 2 x 8 tiles too), in whole vectors.
+    The register budget is the float32 kernel's: a `vdpbf16ps` accumulator is a float32
+    vector."""
     lanes, positions = tile_lanes(isa), shape.out_h * shape.out_w
     tile = (pointwise_tile(shape.c_out, positions, isa) if (shape.kh, shape.kw) == (1, 1)
             else wide_tile(shape.c_out, positions, isa))
     if tile is None:
         t = choose_tiling(shape, lanes, tile_registers(isa))
-        tile = widened(shape, (t.cb, t.tile_w), isa)
-    return tile
+        tile = (t.cb, t.tile_w)
+    return widened(shape, tile, isa)
 
 
 def widened(shape: ConvShape, tile: tuple[int, int], isa: ISA) -> tuple[int, int]:
@@ -183,10 +186,10 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, words: int, isa: IS
     """The bfloat16 word workspace of the NCHW{block}c input `x` (or of the NCHW `x`,
     `block` 1; see the module docstring) in word rows of `words` lanes (`word_block`),
     the geometry the sums read it with, and the statements filling it (one parallel
-    loop over images and pairs of channel blocks; per row, the border's zero words and
-    the image's converted words, `block` lanes at a time, or a row's columns at a time
-    for an NCHW input). A run-time channel count (`run_time_width`) is `x`'s blocks,
-    an even count of them."""
+    loop over images, pairs of channel blocks and rows; per row, the border's zero words
+    and the image's converted words, `block` lanes at a time, or a row's columns at a
+    time for an NCHW input). A run-time channel count (`run_time_width`) is `x`'s
+    blocks, an even count of them."""
     top, left, bottom, right = shape.pads
     sh, sw = shape.stride
     if subsampled(shape):
@@ -205,7 +208,11 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, words: int, isa: IS
     else:
         cblocks = x.shape[1]
         pairs = cast(int, cblocks // 2)
-    xb = Buffer("xbf16", (shape.n, pairs, rows, cols, block), "int32")
+    # a 1x1 layer at stride 1 reads its positions in order: one row of them, so that a
+    # tile's positions are one address apart by constants, not one address register each
+    flat = (shape.kh, shape.kw) == (1, 1) and inner.stride == (1, 1)
+    xb = Buffer("xbf16", (shape.n, pairs, rows * cols, block) if flat
+                else (shape.n, pairs, rows, cols, block), "int32")
     zero = as_expr(0.0, "float32")
 
     def read(n: PrimExpr, cblock: PrimExpr, r: PrimExpr, c: PrimExpr, v: PrimExpr
@@ -216,11 +223,11 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, words: int, isa: IS
             return x[n, cblock, r, c, v]
         return x[n, cblock // parts, r, c, (cblock % parts) * block + v]
 
-    def fill(n: PrimExpr, p: PrimExpr) -> Stmt:
+    def fill(n: PrimExpr, p: PrimExpr, i: PrimExpr) -> Stmt:
         hi_block = min_(2 * p + 1, cblocks - 1)
         has_hi = 2 * p + 1 < cblocks
 
-        def image(i: PrimExpr, q: PrimExpr, v: PrimExpr) -> PrimExpr:
+        def image(q: PrimExpr, v: PrimExpr) -> PrimExpr:
             r, c = (i - top) * sh, (q - left) * sw
             lo = read(n, 2 * p, r, c, v)
             odd = isinstance(cblocks, int) and cblocks % 2
@@ -228,31 +235,36 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, words: int, isa: IS
                 read(n, 2 * p + 1, r, c, v)
             return bf16_word(lo, hi)
 
-        def rect(r: tuple[int, int], c: tuple[int, int],
-                 value: Callable[[PrimExpr, PrimExpr, PrimExpr], PrimExpr]) -> list[Stmt]:
-            if r[1] <= r[0] or c[1] <= c[0]:
+        def span(c: tuple[int, int], value: Callable[[PrimExpr, PrimExpr], PrimExpr]
+                 ) -> list[Stmt]:
+            if c[1] <= c[0]:
                 return []
             if block == 1:  # an NCHW input: the row's columns are the vector
-                return [_loop("i", r[1] - r[0], lambda i: lanes_loop(
-                    "q", c[1] - c[0], lambda q: Store(
-                        xb, value(i, q + c[0], _c(0)), (n, p, i, q + c[0], _c(0)))),
-                    start=r[0])]
-            return [_loop("i", r[1] - r[0], lambda i: _loop(
-                "q", c[1] - c[0], lambda q: lanes_loop("v", block, lambda v: Store(
-                    xb, value(i, q, v), (n, p, i, q, v))), start=c[0]), start=r[0])]
+                return [lanes_loop("q", c[1] - c[0], lambda q: Store(
+                    xb, value(q + c[0], _c(0)), at(q + c[0], _c(0))))]
+            return [_loop("q", c[1] - c[0], lambda q: lanes_loop("v", block, lambda v: Store(
+                xb, value(q, v), at(q, v))), start=c[0])]
 
-        def zeros(i: PrimExpr, q: PrimExpr, v: PrimExpr) -> PrimExpr:
+        def at(q: PrimExpr, v: PrimExpr) -> tuple[PrimExpr, ...]:
+            return (n, p, i * cols + q, v) if flat else (n, p, i, q, v)
+
+        def zeros(q: PrimExpr, v: PrimExpr) -> PrimExpr:
             return as_expr(0, "int32")
 
         h_end, w_end = rows - bottom, cols - right
-        return seq(*rect((0, top), (0, cols), zeros), *rect((h_end, rows), (0, cols), zeros),
-                   *rect((top, h_end), (0, left), zeros),
-                   *rect((top, h_end), (w_end, cols), zeros),
-                   *rect((top, h_end), (left, w_end), image))
+        row = seq(*span((0, left), zeros), *span((w_end, cols), zeros),
+                  *span((left, w_end), image))
+        if not (top or bottom):
+            return row
+        return IfThenElse((i < top) | (i >= h_end), seq(*span((0, cols), zeros)), row)
 
-    work = shape.n * pairs * rows * cols * block
-    loop = parallel_when(lambda: parallel_tiles((shape.n, pairs), fill), work, "element",
-                         isa=isa)
+    # each float32 value is read once and stored as half a word: the pass streams the
+    # input (the "element" rate estimated a quarter of its time and kept 1x1 layers of
+    # 100-400 thousand values on one thread)
+    values = 2 * shape.n * pairs * rows * cols * block
+    # by rows: a few pairs of blocks (3 of 96 channels) split unevenly over the threads
+    loop = parallel_when(lambda: parallel_tiles((shape.n, pairs, rows), fill), values,
+                         "stream", isa=isa)
     return xb, inner, [Allocate(xb), loop]
 
 
@@ -354,6 +366,7 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
         Store(acc, zero, (_c(r), v)) for r in range(tile_w))))]
     rows: list[PrimExpr] = []
     cols: list[PrimExpr] = []
+    positions: list[PrimExpr] = []
     last = (layer.tiles - 1) * tile_w
     for r in range(tile_w):
         pos: PrimExpr = t * tile_w + r
@@ -363,6 +376,7 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
         head += [LetStmt(rv, pos // shape.out_w), LetStmt(cv, pos % shape.out_w)]
         rows.append(rv)
         cols.append(cv)
+        positions.append(pos)
     sh, sw = shape.stride
     dh, dw = shape.dilation
     pf = layer.pf
@@ -377,8 +391,9 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
 
     def step(p: PrimExpr, j: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
         xs = [Var(f"x{r}", "int32") for r in range(tile_w)]
-        lets: list[Stmt] = [LetStmt(xv, layer.xb[n, p, rows[r] * sh + kh * dh,
-                                                 cols[r] * sw + kw * dw, j])
+        lets: list[Stmt] = [LetStmt(xv, layer.xb[n, p, positions[r], j] if layer.xb.ndim == 4
+                                    else layer.xb[n, p, rows[r] * sh + kh * dh,
+                                                  cols[r] * sw + kw * dw, j])
                             for r, xv in enumerate(xs)]
         if pf is not None:
             fetch = seq(*pf.at((((p * block + j) * shape.kh + kh) * shape.kw + kw) * cb

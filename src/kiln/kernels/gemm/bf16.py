@@ -31,6 +31,7 @@ from kiln.ir.attrs import ATTR_GEMM_KERNEL
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.shape_expr import dim_product
 from kiln.ir.tensor import (
+    BF16_PAIR,
     DOT2_BF16,
     Allocate,
     Buffer,
@@ -45,9 +46,7 @@ from kiln.ir.tensor import (
     Var,
     as_expr,
     compare,
-    intrin,
     min_,
-    reinterpret,
     select,
     seq,
 )
@@ -74,22 +73,11 @@ PANEL_GROUP_L2_SHARE = 0.5
 STREAMED_B_L2S = 2
 
 
-def _i32(v: int) -> Const:
-    return Const(v, "int32")
-
-
-def bf16_upper(x: PrimExpr) -> PrimExpr:
-    """An int32 whose upper half is float32 `x` rounded to bfloat16 (nearest, ties to
-    even; NaN a quiet NaN): the bits plus 0x7FFF plus the lowest kept bit."""
-    bits = reinterpret(x, "int32")
-    rounded = bits + _i32(0x7FFF) + ((bits >> _i32(16)) & _i32(1))
-    return select(intrin("isnan", x), _i32(0x7FC00000), rounded)
-
-
 def bf16_word(lo: PrimExpr, hi: PrimExpr) -> PrimExpr:
     """The int32 word of two bfloat16 values: `lo` rounded in its low half, `hi` in its
-    high half."""
-    return ((bf16_upper(lo) >> _i32(16)) & _i32(0xFFFF)) | (bf16_upper(hi) & _i32(-0x10000))
+    high half (the `bf16_pair` intrinsic: one `vcvtne2ps2bf16` per 16 words on
+    AVX512-BF16)."""
+    return Intrin(BF16_PAIR, (lo, hi))
 
 
 #: A reader of packed B: (flat batch index, panel, word, lane) -> the int32 word.
