@@ -381,8 +381,9 @@ def test_group_query_attention_writes_a_shared_buffer_in_place(gqa) -> None:  # 
     """Each present is marked in place of its past (docs/abi.md): given the past's own
     array as `out=` at the past's length (onnxruntime's shared buffer), the call writes
     only the new rows there, the rest of the buffer as it was, and computes onnxruntime's
-    output, reading no row past each batch row's keys ("g4"'s rows there hold NaN: the
-    attention's key loops end at seqlens_k + 1). Any other overlap is refused, and so is
+    output, reading no row past each batch row's keys (the rows there hold NaN: the
+    attention's key loops end at seqlens_k + 1, the softcap form's ("mk") too). Any
+    other overlap is refused, and so is
     a call whose present comes back at another length than its past (a growing cache) in
     the past's buffer."""
     model, exe = gqa
@@ -395,8 +396,9 @@ def test_group_query_attention_writes_a_shared_buffer_in_place(gqa) -> None:  # 
     want = dict(zip([o.name for o in model.graph.output], onnxruntime_outputs(model, feeds)))
     before = {k: v.copy() for k, v in feeds.items()}
     rows = np.arange(8) <= np.array([3, 6])[:, None]  # each row's cache after the step
-    for k in "kv":
-        before[f"p{k}_g4"].transpose(0, 2, 1, 3)[~rows] = np.nan
+    for name in GQA_NODES:
+        for k in "kv":
+            before[f"p{k}_{name}"].transpose(0, 2, 1, 3)[~rows] = np.nan
     out = []  # each present's out= (its bound, past + seq) starts with its past
     for r, shape in zip(fn.results, fn.output_shapes(**feeds)):
         out.append(np.zeros(shape, np.float32))

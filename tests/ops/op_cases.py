@@ -233,7 +233,8 @@ CASES: dict[str, list[OpCase]] = {
     # softmax(q @ k^T * scale [+ bias]) @ v, keys [n, d] (transpose_b) or [d, n] (one
     # key/value head read by a group's 2 query heads); causal: the 5 rows the last of 7
     # positions, with a bias broadcast over the heads (and NaN probabilities as 0);
-    # key_counts: the keys each row of the first batch axis attends
+    # key_counts: the keys each row of the first batch axis attends, its scores capped
+    # (softcap 1.5: scores of 4 products of normal values pass 1.5)
     "attention_tiled": [OpCase((f32(2, 5, 4), f32(2, 6, 4), f32(2, 6, 3)),
                                {"transpose_b": True, "scale": 0.5}),
                         OpCase((f32(1, 2, 3, 4), f32(1, 1, 4, 7), f32(1, 1, 7, 2))),
@@ -242,7 +243,7 @@ CASES: dict[str, list[OpCase]] = {
                         # each batch row's keys (clamped to [1, 9]: 0 and 12 take 1 and 9)
                         OpCase((f32(3, 2, 5, 4), f32(3, 2, 9, 4), f32(3, 2, 9, 3),
                                 f32(3, 1, 5, 9), const([0, 4, 12], "int64")),
-                               {"transpose_b": True, "key_counts": True})],
+                               {"transpose_b": True, "key_counts": True, "softcap": 1.5})],
     # the reference rounds the softmax's output to bfloat16, the te compute does not
     "attention_tiled_bf16": [OpCase((bf16_exact(2, 5, 4), bf16_exact(2, 6, 4),
                                      bf16_exact(2, 6, 3)), {"transpose_b": True},

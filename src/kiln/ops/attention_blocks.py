@@ -19,7 +19,10 @@ padding mask `[b, 1, 1, n]`, a decoder's 4-D mask `[b, 1, m, n]`). Attribute
 the keys each row of the first batch axis attends, the keys from it on masked out
 (GroupQueryAttention's `seqlens_k + 1` over a cache buffer of fixed capacity), each count
 taken clamped to [1, n]; the kernel runs its key loops to that run-time bound, not over
-all `n`. The te compute (the fallback of targets without the kernel) and the reference
+all `n`. Attribute `softcap` (float, default 0: none): a positive `c` caps each scaled
+score as `c * tanh(score / c)` before any mask or bias joins it (GroupQueryAttention's
+`softcap`, Gemma-2's attention logit capping, in onnxruntime's order: scale, softcap,
+mask, softmax). The te compute (the fallback of targets without the kernel) and the reference
 are the three ops it stands for, each product summed as `matmul`'s.
 
 `attention_tiled_bf16(q, k, v)`, the same on `precision=bf16` targets in place of two
@@ -113,6 +116,14 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     return TensorType((*batch, m, dv), "float32")
 
 
+def capped(x: PrimExpr, softcap: float) -> PrimExpr:
+    """The scaled score `x` under attribute `softcap` (`x` itself when it is 0)."""
+    if softcap <= 0:
+        return x
+    cap = as_expr(float(np.float32(softcap)), "float32")
+    return intrin("tanh", x / cap) * cap
+
+
 def zero_nan(p: PrimExpr) -> PrimExpr:
     """`p`, or 0 where it is NaN (attribute `zero_nan`)."""
     return select(intrin("isnan", p), 0.0, p)
@@ -139,7 +150,7 @@ def _scores(q: te.Tensor, k: te.Tensor, bias: te.Tensor | None, counts: te.Tenso
     m, n = product.shape[-2:]
 
     def scaled(*i: PrimExpr) -> PrimExpr:
-        x = f(*i) * c
+        x = capped(f(*i) * c, float(attrs.get("softcap", 0.0)))
         if attrs.get("causal"):
             x = select(sees(i[-2], i[-1], int(m), int(n)), x, MASKED_SCORE)
         x = x if bias is None else x + bias[bias_index(i, bias.shape)]
@@ -171,6 +182,9 @@ def _reference(rounded: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.
         bias = (rest[:-1] if counts is not None else rest) or (None,)
         scores = matmul_ref(rounded(q), rounded(k), transpose_b=attrs.get("transpose_b", False))
         scores = scores * np.float32(attrs.get("scale", 1.0))
+        cap = np.float32(attrs.get("softcap", 0.0))
+        if cap > 0:
+            scores = np.tanh(scores / cap) * cap
         if attrs.get("causal"):
             m, n = scores.shape[-2:]
             seen = sees(np.arange(m)[:, None], np.arange(n)[None, :], m, n)

@@ -14,9 +14,12 @@ A decoder whose presents are each marked in place of their past (GroupQueryAtten
 shared buffer, kiln.runtime.in_place) gets one buffer per past instead (`shared`): the
 past is the buffer at a fixed cache length, the mask says how much of it is cached, and
 each call writes only its new rows into it, the present the past's own array. The
-buffer starts zeroed (the attention stops at the cached rows, but its softcap form
-still reads the rest, masked out) and holds the past plus one call's new rows (a
-present's bound).
+buffer holds the past plus one call's new rows (a present's bound) and starts zeroed,
+as a defence only: kiln's attention reads no row past the cached ones (its key loops
+end at `seqlens_k + 1`, softcap or not), but a library built by an older kiln read the
+softcap form's whole buffer, where a NaN would reach the output (0 * NaN), and a
+zeroed buffer costs nothing more than an empty one (its pages fault in as the cache
+grows either way).
 Numpy only, as the rest of the runtime.
 """
 

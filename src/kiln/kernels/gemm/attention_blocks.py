@@ -29,6 +29,8 @@ those keys only: the masked probabilities are exactly 0 there, and the columns p
 are skipped. For GPT-2's 128 x 128 scores a half of both products and the softmax.
 An attention mask computed from the inputs (`bias`, broadcast over the scores) is added
 as the softmax reads each score; `zero_nan` zeroes NaN probabilities as P @ V reads them.
+A `softcap` caps each scaled score as the first product stores it (`tanh`, which the
+expand-math pass makes vector arithmetic): the masks and the bias come after it.
 
 The keys' and values' batch dims of 1 broadcast (grouped-query attention: a group's
 one key/value head read by each of its query heads, packed once per group). Float32
@@ -92,6 +94,7 @@ from kiln.ops.attention_blocks import (
     MASKED_SCORE,
     attention_dims,
     bias_index,
+    capped,
     key_count,
     zero_nan,
 )
@@ -165,6 +168,7 @@ class Operands:
     bias: Buffer | None = None
     zero_nan: bool = False
     counts: Buffer | None = None
+    softcap: float = 0.0
 
     @property
     def dims(self) -> tuple[tuple[int, ...], int, int, int, int]:
@@ -204,7 +208,8 @@ class AttentionLowering(GemmLowering):
         ops = Operands(q, k, v, Buffer("out", (*batch, m, dv), F32),
                        bool(attrs.get("transpose_b")), float(attrs.get("scale", 1.0)),
                        bool(attrs.get("causal")), buffers[rest[0]] if rest else None,
-                       bool(attrs.get("zero_nan")), counts)
+                       bool(attrs.get("zero_nan")), counts,
+                       float(attrs.get("softcap", 0.0)))
         return PrimFunc((*(buffers[t] for t in params), ops.out),
                         attention_body(ops, bf16, isa=isa), {ATTR_GEMM_KERNEL: self.op})
 
@@ -272,7 +277,7 @@ def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
                 return ops.q[(*bidx, min_(first + t * mr + r, last_row), kk)]
 
             def store(r: int, col: PrimExpr, x: PrimExpr) -> Stmt:
-                return Store(scores, x * factor, (t * mr + r, col))
+                return Store(scores, capped(x * factor, ops.softcap), (t * mr + r, col))
 
             return row_tile(qk.used(columns=seen(t)), (h, bidx), mr, nr, a_at, store, isa)
 

@@ -11,10 +11,10 @@ composed from kiln operators (docs/onnx.md, "LLM contrib operators"):
   it from the attention mask's shape), else a run-time dimension bound by its value
   (kiln.ops.data_dependent).
 
-Without softcap the attention is one `attention_tiled` call (kiln.ops.attention_blocks)
-whose key loops run to each batch row's `seqlens_k + 1` keys (`key_counts`): a step on
-a cache buffer of fixed capacity (the shared-buffer layout) reads only the cached rows.
-With softcap the scores are a materialised (seq x present) matrix per head.
+The attention is one `attention_tiled` call (kiln.ops.attention_blocks), softcap
+included (its `softcap`), whose key loops run to each batch row's `seqlens_k + 1` keys
+(`key_counts`): a step on a cache buffer of fixed capacity (the shared-buffer layout)
+reads only the cached rows.
 """
 
 from __future__ import annotations
@@ -203,39 +203,24 @@ def _attend(ctx: GraphContext, q: g.Expr, k: g.Expr, v: g.Expr, seen: g.Expr,
     query heads: q (batch, seq, heads * head), k/v (batch, kv, L, head); the result
     (batch, seq, heads * head). A K/V head's group of query heads are the rows (group *
     seq) of one product, so both products read the cache as it is (K^T as the product's
-    transposed B): no copy of the keys or values each step. Without softcap this is
-    `attention_tiled` bound to `totals` (batch,) keys per batch row (its `key_counts`)."""
+    transposed B): no copy of the keys or values each step. One `attention_tiled` call
+    bound to `totals` (batch,) keys per batch row (its `key_counts`): a cache buffer's
+    rows past them are not read (a step reads the cached rows, not the buffer's
+    capacity)."""
     qt = ctx.tensor_type(q)
     batch, seq = qt.shape[0], qt.shape[1]
     q5 = ctx.call("transpose", reshape_to(ctx, q, (batch, seq, h.kv_heads, h.group, h.head)),
                   perm=(0, 2, 3, 1, 4))  # (batch, kv, group, seq, head)
     q4 = reshape_to(ctx, q5, (batch, h.kv_heads, h.group * seq, h.head))
     lowest = ctx.const(np.array(np.finfo(np.float32).min, np.float32))
-    if softcap > 0:
-        out = _softcapped(ctx, q4, k, v, _group_rows(ctx, seen, h), scale, softcap)
-    else:
-        # one kernel over each batch row's keys only: a cache buffer's rows past them
-        # are not read (a step reads the cached rows, not the buffer's capacity)
-        bias = ctx.call("where", _group_rows(ctx, seen, h),
-                        ctx.const(np.array(0.0, np.float32)), lowest)
-        out = ctx.call(ATTENTION, q4, k, v, bias, totals, scale=float(np.float32(scale)),
-                       transpose_b=True, key_counts=True)
+    bias = ctx.call("where", _group_rows(ctx, seen, h),
+                    ctx.const(np.array(0.0, np.float32)), lowest)
+    capped = {"softcap": float(np.float32(softcap))} if softcap > 0 else {}
+    out = ctx.call(ATTENTION, q4, k, v, bias, totals, scale=float(np.float32(scale)),
+                   transpose_b=True, key_counts=True, **capped)
     out = reshape_to(ctx, out, (batch, h.kv_heads, h.group, seq, h.head))
     out = ctx.call("transpose", out, perm=(0, 3, 1, 2, 4))
     return reshape_to(ctx, out, (batch, seq, h.heads * h.head))
-
-
-def _softcapped(ctx: GraphContext, q4: g.Expr, k: g.Expr, v: g.Expr, seen: g.Expr,
-                scale: float, softcap: float) -> g.Expr:
-    """softmax(mask(softcap(Q K^T * scale))) V over the whole cache (the attention
-    kernel has no softcap): q4 (batch, kv, rows, head), `seen` (batch, 1, rows, L)."""
-    scores = ctx.call("multiply", ctx.call("matmul", q4, ctx.call(
-        "transpose", k, perm=(0, 1, 3, 2))), ctx.const(np.array(scale, np.float32)))
-    cap = ctx.const(np.array(softcap, np.float32))
-    scores = ctx.call("multiply", ctx.call("tanh", ctx.call("divide", scores, cap)), cap)
-    lowest = ctx.const(np.array(np.finfo(np.float32).min, np.float32))
-    probs = ctx.call("softmax", ctx.call("where", seen, scores, lowest), axis=3)
-    return ctx.call("matmul", probs, v)
 
 
 def _group_rows(ctx: GraphContext, seen: g.Expr, h: _Heads) -> g.Expr:
