@@ -158,10 +158,8 @@ def prompt_function(fn: Any) -> Any:
     position only, [batch, 1, vocab], and the same presents; `fn` itself when its library
     has none (an older library, an in-process function)."""
     name = getattr(fn, "signature", {}).get("last_position")
-    owner = getattr(fn, "owner", None)
-    if not isinstance(name, str) or owner is None:
-        return fn
-    companion = owner.get_function(name, query_imports=False)
+    lookup = getattr(getattr(fn, "owner", None), "get_function", None)
+    companion = lookup(name, query_imports=False) if isinstance(name, str) and lookup else None
     return fn if companion is None else companion
 
 
