@@ -264,6 +264,10 @@ def _check_last_position(exe: Any, loaded: Any) -> None:
     main = loaded["main"]
     companion = loaded[main.signature["last_position"]]
     assert generation.prompt_function(main) is companion
+    older = _Recorder(main)  # a library without the key (metadata 9 and before)
+    older.signature, older.owner = {k: v for k, v in main.signature.items()
+                                    if k != "last_position"}, loaded
+    assert generation.prompt_function(older) is older
     assert "generate_symbol" not in companion.signature
     feeds = {"input_ids": PROMPT, "attention_mask": np.ones_like(PROMPT),
              "position_ids": np.tile(np.arange(PROMPT.shape[1]), (PROMPT.shape[0], 1)),
