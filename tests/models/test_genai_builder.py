@@ -145,6 +145,11 @@ def _teacher_forced(exe: Any, want: np.ndarray) -> np.ndarray:
         if p["name"].startswith("past"):
             feeds[p["name"]] = np.zeros([1, p["shape"][1], 0, p["shape"][3]], np.float32)
     logits = np.asarray(fn(**feeds)[0])
+    # the companion a generation's prompt call runs (kiln.transform.last_position): the
+    # last row, to the rounding of products whose tiles sum in an order set by the rows
+    last = np.asarray(exe[fn.signature["last_position"]](**feeds)[0])
+    np.testing.assert_allclose(last, logits[:, -1:], rtol=1e-5, atol=1e-5)
+    assert last[0, 0].argmax() == logits[0, -1].argmax()
     return logits[0, PROMPT.shape[1] - 1:].argmax(-1)[None]
 
 

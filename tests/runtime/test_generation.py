@@ -22,6 +22,7 @@ from onnx import TensorProto
 
 import kiln
 from kiln.codegen.decoder_layout import DecoderLayout, decoder_layout
+from kiln.runtime import generation
 from support.c_programs import EXAMPLES, build_c_program
 from support.graphs import GraphBuilder
 
@@ -208,10 +209,11 @@ def test_the_library_generates_from_plain_c(target: str, tmp_path: Path) -> None
     token callback sees every step's tokens in order and may end the loop; a failed
     step's message reaches the program."""
     model, w = _decoder(bias=False)
-    lib = kiln.compile(kiln.frontend.from_onnx(model), target).export_library(
-        tmp_path / "decoder.so")
+    exe = kiln.compile(kiln.frontend.from_onnx(model), target)
+    lib = exe.export_library(tmp_path / "decoder.so")
     program = build_c_program(EXAMPLES / "generate_entry.c", tmp_path / "generate")
     loaded = kiln.runtime.load_module(lib)
+    _check_last_position(exe, loaded)
 
     def run(stop: int, pad: int, prompt: np.ndarray = PROMPT,
             stop_after: int = 0) -> subprocess.CompletedProcess:
@@ -253,6 +255,31 @@ def test_the_library_generates_from_plain_c(target: str, tmp_path: Path) -> None
         np.loadtxt(done.stdout.splitlines(), np.int64, ndmin=2), want)
     done = run(-1, 0, np.array([[1, VOCAB + 5]]))
     assert done.returncode == 2 and "gather: an index is out of range" in done.stderr
+
+
+def _check_last_position(exe: Any, loaded: Any) -> None:
+    """The decoder's companion (metadata "last_position", kiln.transform.last_position)
+    returns the full call's last row of logits and the same presents; both loops run the
+    prompt's call on it (the C loop's decoder table names its entry)."""
+    main = loaded["main"]
+    companion = loaded[main.signature["last_position"]]
+    assert generation.prompt_function(main) is companion
+    older = _Recorder(main)  # a library without the key (metadata 9 and before)
+    older.signature, older.owner = {k: v for k, v in main.signature.items()
+                                    if k != "last_position"}, loaded
+    assert generation.prompt_function(older) is older
+    assert "generate_symbol" not in companion.signature
+    feeds = {"input_ids": PROMPT, "attention_mask": np.ones_like(PROMPT),
+             "position_ids": np.tile(np.arange(PROMPT.shape[1]), (PROMPT.shape[0], 1)),
+             "past_key_values.0.key": np.zeros((PROMPT.shape[0], 1, 0, D), np.float32)}
+    full, last = main(**feeds), companion(**feeds)
+    assert last[0].shape == (PROMPT.shape[0], 1, VOCAB)
+    # the float32 product's sums round in an order that depends on the call's rows
+    np.testing.assert_allclose(last[0], full[0][:, -1:], rtol=1e-6, atol=1e-5)
+    np.testing.assert_array_equal(last[1], full[1])
+    entry = f"{exe.prefix}main_last_position, {exe.prefix}_output_shapes_main_last_position"
+    assert any(entry in a.content.decode(errors="replace") for a in exe.artifacts
+               if a.file_name.endswith(".c"))
 
 
 def test_a_decoder_with_other_inputs_has_no_c_loop(built: Any, tmp_path: Path) -> None:

@@ -332,7 +332,8 @@ class HostPrinter:
             if signature.get("generate_symbol"):  # kiln.codegen.naming.function_signature
                 layout = decoder_layout(signature)
                 assert isinstance(layout, DecoderLayout), layout
-                out += generate_entry(self.prefix, self.ns, name, layout)
+                out += generate_entry(self.prefix, self.ns, name, layout,
+                                      signature.get("last_position"))
         return out
 
     def swap_config(self) -> list[str]:

@@ -25,13 +25,18 @@ from kiln.escape import c_string_literal
 from kiln.runtime.abi import dl_type
 
 
-def generate_entry(prefix: str, ns: str, name: str, layout: DecoderLayout) -> list[str]:
-    """The C of `{prefix}_generate_{name}`: the role tables and the entry."""
+def generate_entry(prefix: str, ns: str, name: str, layout: DecoderLayout,
+                   prompt: str | None = None) -> list[str]:
+    """The C of `{prefix}_generate_{name}`: the role tables and the entry; `prompt` names
+    the function the prompt's call runs (the decoder's companion computing only the last
+    position's logits, kiln.transform.last_position), None: `name` itself."""
     base = f"{ns}gen_{symbol_name(name)}"
     args = [*layout.params, *layout.results]
     dtypes = ", ".join(f"{{{t.code}, {t.bits}, 1}}" for t in (dl_type(a["dtype"]) for a in args))
     dims = ",\n    ".join(", ".join(str(d) for d in row) for row in layout.dims)
     symbol = generate_symbol(prefix, name)
+    prompt_entries = ("NULL, NULL" if prompt is None else
+                      f"{entry_symbol(prefix, prompt)}, {output_shapes_symbol(prefix, prompt)}")
 
     def ints(values: Sequence[int]) -> str:
         return ", ".join(str(v) for v in values) or "0"
@@ -52,7 +57,7 @@ def generate_entry(prefix: str, ns: str, name: str, layout: DecoderLayout) -> li
         f"      {len(layout.params)}, {len(layout.results)}, {base}_dtypes, {base}_ranks,",
         f"      {base}_dims, {layout.ids}, {layout.mask}, {layout.positions},",
         f"      {layout.cache_position}, {layout.logits}, {len(layout.pasts)}, {base}_pasts,",
-        f"      {base}_presents, {int(layout.shared)}}};",
+        f"      {base}_presents, {int(layout.shared)}, {prompt_entries}}};",
         "  return kiln_host_generate(&decoder, prompt, batch, prompt_len, max_new_tokens,",
         "      stop_tokens, n_stop, pad_token, out_ids, out_steps, on_token, user);",
         "}",

@@ -30,6 +30,8 @@ from kiln.escape import is_c_identifier, symbol_name
 from kiln.ir.aliasing import analyze
 from kiln.ir.attrs import (
     ATTR_GRAPH,
+    ATTR_LAST_POSITION,
+    ATTR_LAST_POSITION_OF,
     ATTR_NUM_OUTPUTS,
     ATTR_OUTPUT_NAMES,
     ATTR_PROFILE_SITES,
@@ -75,7 +77,13 @@ LIBRARY_FORMAT = "kiln.library"
 #   8 (2026-11-28): `{prefix}_generate_{name}` takes a token callback and its user pointer
 #     after `out_steps` (KilnTokenFunc, docs/abi.md "Generation"); kiln.generate runs its
 #     greedy loop through it from this version on. Every key of version 7 is unchanged.
-LIBRARY_FORMAT_VERSION = 9
+#   9 (2026-11-28): `"in_place_of"` on a result written in place of a parameter (docs/abi.md,
+#     "A result in place of a parameter"). Every key of version 8 is unchanged.
+#   10 (2026-11-28): `"last_position"` on a decoder graph function: the name of its
+#     companion function of the same library, which returns the logits of each row's last
+#     position only (kiln.transform.last_position); both generation loops run the prompt's
+#     call on it (docs/abi.md, "Generation"). Every key of version 9 is unchanged.
+LIBRARY_FORMAT_VERSION = 10
 
 
 # Longest system_lib_prefix: it starts every symbol of the library.
@@ -275,7 +283,11 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
         "results": results,
         "tuple_result": bool(fn.attrs.get(ATTR_TUPLE_RESULT, False)),
     }
-    if signature["kind"] == "graph" and isinstance(decoder_layout(signature), DecoderLayout):
+    companion = fn.attrs.get(ATTR_LAST_POSITION)
+    if companion is not None:  # kiln.transform.last_position
+        signature["last_position"] = str(companion)
+    if signature["kind"] == "graph" and ATTR_LAST_POSITION_OF not in fn.attrs and \
+            isinstance(decoder_layout(signature), DecoderLayout):
         signature["generate_symbol"] = generate_symbol(prefix, name)  # docs/abi.md
     return signature
 

@@ -114,6 +114,14 @@ ATTR_CHECK_MESSAGES: Final = "kiln.check_messages"
 # `in_place_of` the parameter (kiln.codegen.in_place, docs/abi.md).
 ATTR_IN_PLACE: Final = "kiln.in_place"
 
+# Set by the pass `last-position` (kiln.transform.last_position) on a decoder graph
+# function: the name of its companion, the same function with its logits computed for
+# each row's last position only (what a generation loop's prompt call reads); and on
+# the companion: the name of the decoder it was made from. The library metadata names
+# the companion in the decoder's signature ("last_position", docs/abi.md).
+ATTR_LAST_POSITION: Final = "kiln.last_position"
+ATTR_LAST_POSITION_OF: Final = "kiln.last_position_of"
+
 # Module attribute set by ProfileKernelCalls (kiln.transform.profile): one
 # (function, kernel or None) pair per timer site, in site order.
 ATTR_PROFILE_SITES: Final = "kiln.profile_sites"
@@ -135,6 +143,6 @@ KILN_ATTRS: Final = frozenset({
     ATTR_BINDS_DIMS, ATTR_RUNTIME_DIMS, ATTR_ARG_DIMS, ATTR_CONCAT_AXIS, ATTR_NO_SLP,
     ATTR_TERMINATE_FLAG, ATTR_CHECK_MESSAGES, ATTR_SOURCE_NODE, ATTR_IN_PLACE, ATTR_CONV_KERNEL,
     ATTR_GEMM_KERNEL, ATTR_POOL_KERNEL, ATTR_ROW_KERNEL, ATTR_CHANNEL_SCALE, ATTR_QLINEAR_ADD,
-    ATTR_QLINEAR_CONCAT,
+    ATTR_QLINEAR_CONCAT, ATTR_LAST_POSITION, ATTR_LAST_POSITION_OF,
 })
 """Every attribute key kiln sets itself."""

@@ -9,6 +9,8 @@ whose `past_*` inputs carry one symbolic axis, the cached length. `generate` fin
 role from the function's signature (by name, docs/llm.md), starts from an empty cache
 (the cached length 0), and feeds each step's `present_*` back as the next `past_*`. The
 loop is numpy only, so a deploy host generates from a loaded library without the compiler;
+the prompt's call runs the decoder's companion that computes only each row's last
+logits, where its library has one (`last_position`, `prompt_function`);
 greedy generation from a library that has its own loop in C runs that one instead
 (kiln.runtime.generation_c), with the same tokens.
 """
@@ -148,6 +150,17 @@ class DecoderRoles:
         return cls(ids=ids, pasts=pasts, past_axes=tuple(_past_axis(p, ids, name) for p in pasts),
                    presents=presents, logits=logits, others=tuple(
                        p["name"] for p in params if p["name"] not in named), **roles)
+
+
+def prompt_function(fn: Any) -> Any:
+    """The function a generation's prompt call runs: `fn`'s companion in its library
+    (metadata "last_position", docs/abi.md), which returns the logits of each row's last
+    position only, [batch, 1, vocab], and the same presents; `fn` itself when its library
+    has none (an older library, an in-process function)."""
+    name = getattr(fn, "signature", {}).get("last_position")
+    lookup = getattr(getattr(fn, "owner", None), "get_function", None)
+    companion = lookup(name, query_imports=False) if isinstance(name, str) and lookup else None
+    return fn if companion is None else companion
 
 
 def _find(params: Sequence[Mapping[str, Any]], names: Sequence[str]) -> Mapping[str, Any] | None:
@@ -305,6 +318,7 @@ def _loop(fn: Any, roles: DecoderRoles, ids: np.ndarray, steps: int, fixed: Mapp
     names = [p["name"] for p in getattr(fn, "params", [])]
     pairs = list(zip(roles.pasts, roles.past_axes, strict=True))
     shared = shared_cache(fn, roles)
+    prompt = prompt_function(fn)  # the first call reads only each row's last logits
     if shared:  # one buffer per past, written in place (generation_buffers)
         length = ids.shape[1] + min(steps, SHARED_STEPS)
         buffers = _buffers(fn, roles, batch, length + ids.shape[1], shared=True)
@@ -318,7 +332,8 @@ def _loop(fn: Any, roles: DecoderRoles, ids: np.ndarray, steps: int, fixed: Mapp
             past = buffers.grow(past, [_shape(p, batch, a, length + 1) for p, a in pairs],
                                 [_shape(p, batch, a, length) for p, a in pairs],
                                 roles.past_axes, cached)
-        results = _call(fn, names, _step_feeds(roles, step_ids, past, cached, fixed), buffers)
+        results = _call(prompt if cached == 0 else fn, names,
+                        _step_feeds(roles, step_ids, past, cached, fixed), buffers)
         cached += step_ids.shape[1]
         if not shared:
             past = [np.asarray(results[i]) for i in roles.presents]

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 LIBRARY_FORMAT = "kiln.library"
 SOURCE_FORMATS = ("c", "ll", "asm")
-MAX_LIBRARY_VERSION = 9  # newest library metadata version this runtime reads
+MAX_LIBRARY_VERSION = 10  # newest library metadata version this runtime reads
 
 
 class Module:
@@ -531,6 +531,9 @@ def _check_signature(name: str, sig: Any) -> None:
     if generate is not None and (not isinstance(generate, str) or not generate.isascii()
                                  or not generate.replace("_", "a").isidentifier()):
         raise fail(f"generate_symbol {generate!r} is not a C identifier")
+    companion = sig.get("last_position")
+    if companion is not None and not isinstance(companion, str):
+        raise fail(f"last_position {companion!r} is not a function name")
 
 
 def _is_size(value: Any) -> bool:

@@ -73,7 +73,9 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     recognize spelled-out GELU and layer norm (recognize-composites), fold BatchNorm,
     merge reshape/transpose chains into one copy and read transposed matmul operands in
     place (merge-copies), pick the convolution and matrix-product kernels, compute
-    attention by blocks of query rows where its scores pass the L2 cache (block-attention), fuse
+    attention by blocks of query rows where its scores pass the L2 cache (block-attention), give
+    a decoder a companion computing only its last position's logits (last-position, after
+    the passes that rewrite weights, before fusion so both share kernels), fuse
     elementwise chains, legalize operators, drop dead code, lower to PrimFuncs. BatchNorm
     folding must precede fusion, which would otherwise swallow the multiply/add it folds
     into the convolution. `nchwc`: keep convolution chains in the blocked activation
@@ -101,6 +103,9 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     )
     from kiln.transform.fuse_ops import (
         FuseOps,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.last_position import (
+        LastPosition,  # lazy: kiln.transform.registry loads it on first use
     )
     from kiln.transform.legalize_ops import (
         LegalizeOps,  # lazy: kiln.transform.registry loads it on first use
@@ -138,8 +143,8 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
 
     return Sequential([QuantizeOps(), QuantLayout(), FoldConstants(), RecognizeComposites(),
                        FoldBatchNorm(), MergeCopies(), *blas, BlockConvolutions(), *layout,
-                       BlockMatmuls(), BlockAttention(), FuseOps(), LegalizeOps(),
-                       DeadCodeElimination(), LowerGraphToTensor()],
+                       BlockMatmuls(), BlockAttention(), LastPosition(), FuseOps(),
+                       LegalizeOps(), DeadCodeElimination(), LowerGraphToTensor()],
                       name="graph-default")
 
 

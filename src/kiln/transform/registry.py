@@ -30,6 +30,7 @@ for _name, _path in {
     "nchwc-layout": "kiln.transform.nchwc_layout:NchwcLayout",
     "block-matmuls": "kiln.transform.matmul_blocking:BlockMatmuls",
     "block-attention": "kiln.transform.attention_blocks:BlockAttention",
+    "last-position": "kiln.transform.last_position:LastPosition",
     "use-cblas": "kiln.transform.use_cblas:UseCBLAS",
     "fuse-ops": "kiln.transform.fuse_ops:FuseOps",
     "legalize-ops": "kiln.transform.legalize_ops:LegalizeOps",

@@ -17,7 +17,11 @@
    has one zeroed buffer per past instead, at a fixed cache length (the prompt and up to
    KILN_HOST_GEN_SHARED_STEPS new positions, doubled when full): each call gets the past
    at that length, the mask the positions cached, and writes its new rows in place, as
-   kiln.generate's Python loop does. */
+   kiln.generate's Python loop does.
+   A decoder with a companion that computes only each row's last logits (library metadata
+   "last_position", kiln.transform.last_position) runs the prompt's call on it
+   (`prompt_call`, `prompt_shapes`): its logits are [batch, 1, vocab], its presents the
+   decoder's. */
 #if defined(KILN_HOST_GENERATE)
 #include <stdlib.h>
 
@@ -57,6 +61,8 @@ typedef struct {
   const int32_t* pasts;       /* parameter indices */
   const int32_t* presents;    /* result indices, in the pasts' order */
   int32_t shared;             /* 1: each present is written in place of its past */
+  kiln_host_packed_fn prompt_call;   /* the prompt's call (the companion), or NULL: call */
+  kiln_host_shapes_fn prompt_shapes; /* likewise for shapes */
 } kiln_host_decoder;
 
 /* The bytes of a tensor of `shape`, or -1 when they overflow size_t. */
@@ -240,6 +246,8 @@ static int32_t kiln_host_gen_call(const kiln_host_decoder* d, kiln_host_gen_stat
     int64_t batch, int64_t cached, int64_t step_new) {
   int64_t flat[KILN_HOST_GEN_RESULT_DIMS], offset = 0, bytes;
   int32_t i, p, status;
+  /* the prompt's call (nothing cached yet) on the companion, when there is one */
+  int32_t prompt = cached == 0 && d->prompt_call != NULL;
   for (i = d->n_params; i < d->n_params + d->n_results; ++i) {
     offset += d->ranks[i];
   }
@@ -254,7 +262,7 @@ static int32_t kiln_host_gen_call(const kiln_host_decoder* d, kiln_host_gen_stat
       return status;
     }
   }
-  status = d->shapes(s->args, s->codes, d->n_params, flat);
+  status = (prompt ? d->prompt_shapes : d->shapes)(s->args, s->codes, d->n_params, flat);
   if (status != 0) {
     return status;
   }
@@ -285,7 +293,7 @@ static int32_t kiln_host_gen_call(const kiln_host_decoder* d, kiln_host_gen_stat
     }
     kiln_host_gen_tensor(s, i, *buffer, d->ranks[i], d->dtypes[i]);
   }
-  status = d->call(s->args, s->codes, d->n_params + d->n_results);
+  status = (prompt ? d->prompt_call : d->call)(s->args, s->codes, d->n_params + d->n_results);
   for (p = 0; status == 0 && d->shared && p < d->n_pasts; ++p) {
     i = d->n_params + d->presents[p];  /* in place: the present is the past's shape */
     if (memcmp(s->shapes + (int64_t)i * KILN_HOST_GEN_RANK, s->past_shapes
