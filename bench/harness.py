@@ -45,18 +45,42 @@ def ort_on_target_isa(target: kiln.target.Target, mode: str = "target") -> str:
     sees."""
     import ort_isa
 
-    from kiln.target.isa import isa_for
-
     if mode == "host":
         return "onnxruntime: the host's CPU features"
-    host = isa_for(kiln.target.Target("host")).features
-    features = isa_for(target).features
-    hidden = ort_isa.hidden_for(features, host)
+    return _hide_target_isa(ort_isa.hide_from_onnxruntime, target, "onnxruntime")
+
+
+def openvino_on_target_isa(target: kiln.target.Target) -> str:
+    """`ort_on_target_isa` for OpenVINO, before it is imported; the line also names the
+    kernels its CPU plugin then picks (`ort_isa.openvino_isas`, e.g. brgconv_avx2_f32)."""
+    import ort_isa
+
+    line = _hide_target_isa(ort_isa.hide_from_openvino, target, "openvino")
     try:
-        return ort_isa.hide_from_onnxruntime(hidden)
+        return f"{line}; its kernels: {', '.join(ort_isa.openvino_isas())}"
+    except ImportError:
+        return "openvino: absent"
+
+
+def hidden_features(target: kiln.target.Target) -> list[str]:
+    """The CPU features bench/ort_isa.py hides from a peer to put it on `target`'s
+    instruction set: those the host has and `target` lacks (none for the host)."""
+    import ort_isa
+
+    from kiln.target.isa import isa_for
+
+    host = isa_for(kiln.target.Target("host")).features
+    return ort_isa.hidden_for(isa_for(target).features, host)
+
+
+def _hide_target_isa(hide: Callable[[list[str]], str], target: kiln.target.Target,
+                     package: str) -> str:
+    hidden = hidden_features(target)
+    try:
+        return hide(hidden)
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
-        # a bench goes on: its ratios then compare against onnxruntime's host kernels
-        return (f"onnxruntime: the host's CPU features (could not hide {' '.join(hidden)}"
+        # a bench goes on: its ratios then compare against the package's host kernels
+        return (f"{package}: the host's CPU features (could not hide {' '.join(hidden)}"
                 f": {short_error(exc)})")
 
 

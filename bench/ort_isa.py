@@ -1,22 +1,27 @@
-"""onnxruntime on a kiln target's instruction set: CPU features hidden from its `cpuid`.
+"""onnxruntime and OpenVINO on a kiln target's instruction set: CPU features hidden from
+their `cpuid`.
 
-onnxruntime's MLAS picks its kernels from the `cpuid` instruction when it starts, so on
-an AVX-512 host it runs its AVX-512 and VNNI kernels even when kiln is compiled for the
-AVX2 path (`--mattr=-avx512f`, `--target "llvm -mcpu=znver3"`), and a ratio of the two is
-not the AVX2 path's. `hide_from_onnxruntime(features)`, called before onnxruntime is
-imported, makes the import load a copy of the installed package whose native libraries
-have every `cpuid` instruction (0F A2, found by objdump's disassembly) replaced by
-`int 0x41` (CD 41, as long): in user mode that raises a general-protection fault, whose
-SIGSEGV a small handler (compiled here with `cc`) answers as `cpuid` would, with the
-hidden features' bits cleared, before it resumes after the instruction. Only start-up
-detection executes `cpuid`, so the handler costs nothing in the timed calls; kiln's own
-code and every other library of the process see the real CPU.
+onnxruntime's MLAS and OpenVINO's CPU plugin (its oneDNN, its own MLAS copy and its JIT
+emitters) pick their kernels from the `cpuid` instruction when they start, so on an
+AVX-512 host they run their AVX-512 and VNNI kernels even when kiln is compiled for the
+AVX2 path (`--mattr=-avx512f`, `--target "llvm -mcpu=znver3"`), and a ratio to them is
+not the AVX2 path's. `hide_from_onnxruntime(features)` (`hide_from_openvino`), called
+before the package is imported, makes the import load a copy of the installed package
+whose native libraries have every `cpuid` instruction (0F A2, found by objdump's
+disassembly) replaced by `int 0x41` (CD 41, as long): in user mode that raises a
+general-protection fault, whose SIGSEGV a small handler (compiled here with `cc`)
+answers as `cpuid` would, with the hidden features' bits cleared, before it resumes
+after the instruction. Only start-up detection executes `cpuid`, so the handler costs
+nothing in the timed calls; kiln's own code and every other library of the process see
+the real CPU. One handler serves every hidden package of a process, with one hidden set.
 
 Check it took: onnxruntime with AVX-512 VNNI hidden sums u8 x s8 pairs the way its
 AVX2 kernel does, saturating to int16 (docs/quantization.md, "onnxruntime's AVX2
 pairs"), where the VNNI kernel is exact; `saturates()` runs that MatMulInteger.
+OpenVINO names the ISA in each layer's `exec_type` (`brgconv_avx2_f32`);
+`openvino_isas()` runs a convolution and returns them.
 
-The copy is cached under ~/.cache/kiln-bench, one per onnxruntime build and hidden set.
+The copies are cached under ~/.cache/kiln-bench, one per package build.
 Needs Linux on x86-64, objdump (binutils) and a C compiler. A bench tool: asserts nothing.
 """
 
@@ -31,6 +36,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -96,6 +102,7 @@ unsigned long kiln_bench_answered(void) { return answered; }
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kiln-bench"
 _handler: list[ctypes.CDLL] = []  # the loaded handler, kept alive
+_hidden: list[str] = []  # the features it hides
 
 
 def hidden_for(target_features: Iterable[str], host_features: Iterable[str]) -> list[str]:
@@ -112,29 +119,43 @@ def hide_from_onnxruntime(features: Iterable[str]) -> str:
     """Import onnxruntime from a copy that sees the CPU without `features` (LLVM names,
     keys of CPUID_BITS); returns a line saying what was done.
     Raises RuntimeError when onnxruntime is already imported, the platform is not
-    Linux x86-64 or a tool is missing."""
+    Linux x86-64, a tool is missing or the process hides another set already."""
+    return _hide_from("onnxruntime", features)
+
+
+def hide_from_openvino(features: Iterable[str]) -> str:
+    """Import OpenVINO from a copy that sees the CPU without `features`, as
+    `hide_from_onnxruntime`: libopenvino, its CPU plugin's oneDNN and MLAS all ask the
+    trapped `cpuid` (oneDNN's `ONEDNN_MAX_CPU_ISA` would cap only oneDNN's kernels)."""
+    return _hide_from("openvino", features)
+
+
+def _hide_from(package_name: str, features: Iterable[str]) -> str:
     hidden = sorted(set(features))
     unknown = [f for f in hidden if f not in CPUID_BITS]
     if unknown:
         raise RuntimeError(f"cannot hide {unknown}: not in ort_isa.CPUID_BITS")
     if not hidden:
-        return "onnxruntime: the host's CPU features"
-    if "onnxruntime" in sys.modules:
-        raise RuntimeError("hide_from_onnxruntime must run before onnxruntime is imported")
+        return f"{package_name}: the host's CPU features"
+    if package_name in sys.modules:
+        raise RuntimeError(f"{package_name}'s CPU features must be hidden before it is "
+                           "imported")
     if sys.platform != "linux" or os.uname().machine != "x86_64":
-        raise RuntimeError("hiding CPU features from onnxruntime needs Linux on x86-64")
-    spec = importlib.util.find_spec("onnxruntime")
+        raise RuntimeError("hiding CPU features from a library needs Linux on x86-64")
+    spec = importlib.util.find_spec(package_name)
     if spec is None or spec.origin is None:
-        raise RuntimeError("onnxruntime is not installed")
-    package = Path(spec.origin).parent
-    root = _patched_copy(package)
-    _install_handler(root, hidden)
+        raise RuntimeError(f"{package_name} is not installed")
+    root = _patched_copy(Path(spec.origin).parent)
+    _install_handler(hidden)
+    before = answered()
     sys.path.insert(0, str(root))
-    import onnxruntime  # noqa: F401  (its start-up detection runs here)
-
-    if answered() == 0:
-        raise RuntimeError("onnxruntime loaded without asking the handler: nothing hidden")
-    return f"onnxruntime: {' '.join(hidden)} hidden from its cpuid (bench/ort_isa.py)"
+    importlib.import_module(package_name)  # its start-up detection may run here
+    if package_name == "openvino":
+        _openvino_capabilities()  # libopenvino asks cpuid when first asked for the CPU
+    if answered() == before:
+        raise RuntimeError(f"{package_name} loaded without asking the handler: "
+                           "nothing hidden")
+    return f"{package_name}: {' '.join(hidden)} hidden from its cpuid (bench/ort_isa.py)"
 
 
 def answered() -> int:
@@ -167,23 +188,59 @@ def saturates() -> bool:
     return bool((y != a.astype(np.int32) @ b.astype(np.int32)).any())
 
 
+def _openvino_capabilities() -> list[str]:
+    import openvino as ov
+
+    return list(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
+def openvino_isas() -> list[str]:
+    """The distinct `exec_type`s OpenVINO's CPU plugin runs a float32 convolution and
+    matrix product with (PERF_COUNT), e.g. ['brgconv_avx2_f32', 'gemm_mlas_f32'], and
+    its OPTIMIZATION_CAPABILITIES: which ISA the plugin chose."""
+    import numpy as np
+    import onnx
+    import openvino as ov
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+               for name, shape in (("w", (32, 16, 3, 3)), ("m", (64, 32 * 8 * 8)))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Flatten", ["c"], ["f"]),
+             helper.make_node("Gemm", ["f", "m"], ["y"], transB=1)]
+    graph = helper.make_graph(
+        nodes, "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "probe.onnx")
+        onnx.save(model, path)
+        compiled = ov.Core().compile_model(path, "CPU", {
+            "INFERENCE_PRECISION_HINT": "f32", "PERF_COUNT": True, "INFERENCE_NUM_THREADS": 1})
+    request = compiled.create_infer_request()
+    request.infer({"x": np.ones((1, 16, 8, 8), np.float32)})
+    kinds = {p.exec_type for p in request.get_profiling_info()
+             if p.node_type in ("Convolution", "FullyConnected", "MatMul")}
+    return [*sorted(kinds), f"capabilities {' '.join(_openvino_capabilities())}"]
+
+
 def _patched_copy(package: Path) -> Path:
-    """A directory holding `onnxruntime`, the installed package with its native
-    libraries' `cpuid` instructions trapped (built once, then reused)."""
+    """A directory holding the installed `package` with its native libraries' `cpuid`
+    instructions trapped (built once, then reused)."""
     libraries = sorted(p for p in package.rglob("*.so*") if p.is_file())
     stamp = hashlib.sha256(repr([(str(p), p.stat().st_size, p.stat().st_mtime_ns)
                                  for p in libraries]).encode()).hexdigest()[:16]
-    root = CACHE / f"onnxruntime-{stamp}"
+    root = CACHE / f"{package.name}-{stamp}"
     if (root / "done").exists():
         return root
     if root.exists():
         shutil.rmtree(root)
-    copy = root / "onnxruntime"
+    copy = root / package.name
     shutil.copytree(package, copy, symlinks=True,
                     ignore=lambda d, names: [n for n in names if n == "__pycache__"])
     for lib in libraries:
         _trap_cpuid(copy / lib.relative_to(package))
-    _compile_handler(root)
     (root / "done").touch()
     return root
 
@@ -223,22 +280,37 @@ def _load_segments(elf: bytes) -> list[tuple[int, int, int]]:
     return segments
 
 
-def _compile_handler(root: Path) -> None:
-    source = root / "hide_cpuid.c"
-    source.write_text(HANDLER_C)
-    cc = os.environ.get("CC", "cc")
-    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-o",
-                    str(root / "hide_cpuid.so"), str(source)], check=True)
+def _compiled_handler() -> Path:
+    """The handler's shared library, compiled once per version of HANDLER_C."""
+    path = CACHE / f"hide_cpuid-{hashlib.sha256(HANDLER_C.encode()).hexdigest()[:16]}.so"
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        source = path.with_suffix(".c")
+        source.write_text(HANDLER_C)
+        cc = os.environ.get("CC", "cc")
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run([cc, "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-o",
+                        str(partial), str(source)], check=True)
+        partial.replace(path)  # whole or absent: another bench may be loading it
+    return path
 
 
-def _install_handler(root: Path, hidden: list[str]) -> None:
+def _install_handler(hidden: list[str]) -> None:
+    """Install the SIGSEGV handler answering for the hidden features, once a process:
+    a second install would take itself for the previous handler."""
+    if _handler:
+        if _hidden != hidden:
+            raise RuntimeError(f"this process hides {' '.join(_hidden)} already; cannot "
+                               f"hide {' '.join(hidden)} from another library")
+        return
     masks = [[0] * 4, [0] * 4]
     for feature in hidden:
         _, sub, register, bit = CPUID_BITS[feature]
         masks[sub][register] |= 1 << bit
-    lib = ctypes.CDLL(str(root / "hide_cpuid.so"))
+    lib = ctypes.CDLL(str(_compiled_handler()))
     words = ctypes.c_uint * 4
     lib.kiln_bench_answered.restype = ctypes.c_ulong
     if lib.kiln_bench_hide(words(*masks[0]), words(*masks[1])) != 0:
         raise RuntimeError("sigaction(SIGSEGV) failed")
     _handler.append(lib)
+    _hidden.extend(hidden)

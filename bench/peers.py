@@ -2,7 +2,8 @@
 
     PYTHONPATH=src:/path/to/openvino .venv/bin/python bench/peers.py
         [--models peers | NAME,...] [--seconds 12] [--repeat 40] [--threads 2]
-        [--torch-compile] [--precision f32 | bf16] [--cpu-time] [--write-docs]
+        [--torch-compile] [--precision f32 | bf16] [--target host] [--mattr=-avx512f]
+        [--cpu-time] [--write-docs] [--docs-block peers]
 
 For each model of the set (`peers`: the small MLP, CNN and encoder, ResNet-18 and
 MobileNetV2 of bench/nets.py, the CNN zoo, BERT-base, GPT-2, ViT-B/16 of
@@ -10,7 +11,8 @@ bench/zoo_set.py, the Whisper-base encoder of bench/hf_set.py, and ResNet-50 int
 and BERT int8 (dynamic) from onnxruntime's quantizer, bench/models.py's `quantize`),
 batch 1, the same `.onnx` file runs on:
 
-- kiln float32: `from_onnx` + `kiln.compile` for this host + loading the library,
+- kiln float32: `from_onnx` + `kiln.compile` for this host (or `--target`, its
+  features changed by `--mattr` as bench/models.py does) + loading the library,
   the compile cache off (a cold compile), called through `fn.prepare`; with
   `--precision bf16`, for `host -precision=bf16` instead (GEMMs, NCHWc convolutions and
   attention's products in bfloat16, docs/targets.md), to set beside OpenVINO's default;
@@ -23,7 +25,12 @@ batch 1, the same `.onnx` file runs on:
   call is its compile time, with inductor's on-disk cache in a new empty directory),
   where bench/hf_set.py has the model's torch module.
 
-Every runtime gets `--threads` threads (default 2). The timed calls alternate in blocks
+On a target without some of the host's features (`--mattr=-avx512f`, `--target "llvm
+-mcpu=znver3"`: the AVX2 path) onnxruntime and OpenVINO see the CPU without them too
+(bench/ort_isa.py hides them from their `cpuid`), so every runtime runs that path's
+kernels; the header names what each sees and the kernels OpenVINO's plugin picks for a
+convolution (`brgconv_avx2_f32`); torch, which would run the host's, is left out. Every
+runtime gets `--threads` threads (default 2). The timed calls alternate in blocks
 (harness.alternating_blocks: a pause between blocks, so no runtime's spinning threads
 slow another's); each ratio is the median over rounds of one round's ratio to
 onnxruntime (harness.paired_ratio). With `--cpu-time` the calls are timed by the
@@ -37,8 +44,8 @@ OpenVINO's `compile_model` from the file, torch.compile's first call), after one
 model that loads every runtime's libraries. OpenVINO and torch are optional: without
 them their columns say "absent"; a runtime that fails on a model says "failed" (the
 reason is printed). Prints the tables; `--write-docs` writes them into the `peers` block
-of docs/performance.md (`peers-bf16` with `--precision bf16`). Asserts nothing (this is
-not a test).
+of docs/performance.md (`peers-bf16` with `--precision bf16`, or `--docs-block`).
+Asserts nothing (this is not a test).
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ from harness import (
     alternating_blocks,
     calls_within,
     describe_target,
+    hidden_features,
+    openvino_on_target_isa,
     ort_bound_run,
     ort_on_target_isa,
     paired_ratio,
@@ -315,22 +324,36 @@ def main() -> None:
                         help="also time torch.compile where a torch module exists (slow)")
     parser.add_argument("--precision", choices=("f32", "bf16"), default="f32",
                         help="kiln's target attribute `precision` (bf16: AVX512-BF16 hosts)")
+    parser.add_argument("--target", default="host",
+                        help="kiln's target (default: this host), e.g. 'llvm -mcpu=znver3'")
+    parser.add_argument("--mattr", default=None,
+                        help="the target's LLVM features instead of its own, comma-separated "
+                             "changes to its CPU's (mcpu) set, e.g. '-avx512f': the AVX2 path "
+                             "on an AVX-512 host (onnxruntime's and OpenVINO's too)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time the calls by the process's CPU time (every thread's), "
                              "not the wall clock")
     parser.add_argument("--write-docs", action="store_true",
                         help="write the tables into docs/performance.md (block 'peers', "
                              "'peers-bf16' with --precision bf16)")
+    parser.add_argument("--docs-block", default=None,
+                        help="the block --write-docs replaces instead, e.g. 'peers-avx2'")
     args = parser.parse_args()
     names = model_names(args.models)
-    target = kiln.target.Target(f"host -precision={args.precision}")
+    target = kiln.target.Target(f"{args.target} -precision={args.precision}")
+    if args.mattr is not None:
+        target = target.with_attrs(mattr=tuple(f for f in args.mattr.split(",") if f))
     kiln.runtime.set_num_threads(args.threads)
     runtimes = [r for r in RUNTIMES if r != "torch_compile" or args.torch_compile]
     if args.torch_compile:  # a cold torch.compile: inductor's on-disk cache starts empty
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor = tempfile.mkdtemp(prefix="peers-")
         atexit.register(shutil.rmtree, inductor, True)
     print(f"target: {target.kind.name} {describe_target(target)}")
-    print(ort_on_target_isa(target, "host"))
+    if hidden_features(target):  # torch's kernels would run the host's instructions
+        runtimes = [r for r in runtimes if not r.startswith("torch")]
+    print(ort_on_target_isa(target))
+    if "ov_f32" in runtimes or "ov_default" in runtimes:
+        print(openvino_on_target_isa(target))
     clock = time.process_time if args.cpu_time else time.perf_counter
     print(f"{versions()}; threads: {args.threads}; batch 1; median of up to "
           f"{args.repeat} calls in {args.seconds:g} s, alternating blocks"
@@ -346,7 +369,8 @@ def main() -> None:
     lines = print_tables(results, runtimes, "CPU time" if args.cpu_time else "Latency")
     if args.write_docs:
         command = " ".join(["bench/peers.py", *sys.argv[1:]])
-        block = "peers" if args.precision == "f32" else f"peers-{args.precision}"
+        block = args.docs_block or (
+            "peers" if args.precision == "f32" else f"peers-{args.precision}")
         write_block(DOCS / "performance.md", block, [
             machine_line(command, describe_target(target), load_before, os.getloadavg()[0]),
             "", f"Versions: {versions()}.", "", *lines])
