@@ -10,11 +10,14 @@ for it and catches any wrong pairing, packing or border (errors near 1).
 One model, compiled once, holds the kernel's cases: a padded 3x3 layer with bias and
 ReLU reading the NCHW input of 3 channels in place (a region's first layer: channels
 paired (0, 1) and (2, zero)) and beside it a 7x7 layer with asymmetric pads on the same
-input (neighbouring kernel columns paired: `row_taps`), added into the first, a
+input (neighbouring kernel columns paired: `row_taps`), added into the first, a 1x1
+layer 48 > 48 with a residual Add (one channel tile: each tile of positions converts
+its own input words, `stages_input`; 3 blocks, the last paired with zero), a
 strided unpadded 1x1 layer (its input subsampled as it is converted; 48 channels, an
 odd count of blocks, paired within each block), a 3x3 layer with a residual Add, a 3x3
 layer to 256 channels (weights large enough that each tile prefetches the next channel
-tile's), a 1x1 layer to 24 channels (a partial output block), a
+tile's), a 1x1 layer to 24 channels (a partial output block; one channel tile, staged
+too, rather than over a run-time width), a
 strided 3x3 layer with asymmetric pads (its 24 channels in word rows of 4 lanes), over
 an image of 13x11 (tiles past its end) and a symbolic batch; then an LRN on the blocked
 result (`lrn_nchwc`, 40 channels in blocks of 16), whose `s ** -0.75` a `precision=bf16`
@@ -60,7 +63,7 @@ from support.reference import onnxruntime_outputs
 
 RNG = np.random.default_rng(63)
 TOL = 1e-2  # against float32 (see the module docstring)
-CONVS = 9
+CONVS = 10
 
 
 def _weight(*shape: int) -> np.ndarray:
@@ -73,6 +76,7 @@ def _model() -> Any:
     wide = b.op("Conv", x, b.const(_weight(48, 3, 7, 7)), pads=[3, 2, 3, 4])
     y = b.op("Relu", b.op("Add", b.op("Conv", x, b.const(_weight(48, 3, 3, 3)),
                                       b.const(_weight(48)), pads=[1, 1, 1, 1]), wide))
+    y = b.op("Add", y, b.op("Conv", y, b.const(_weight(48, 48, 1, 1))))
     y = b.op("Conv", y, b.const(_weight(64, 48, 1, 1)), strides=[2, 2])
     y = b.op("Add", y, b.op("Conv", y, b.const(_weight(64, 64, 3, 3)),
                             b.const(_weight(64)), pads=[1, 1, 1, 1]))
@@ -156,6 +160,13 @@ def test_every_layer_runs_in_bfloat16(built: Any) -> None:
                            and s.value.name == t.PREFETCH_INTRINSIC
                            for s in iter_stmts(f.body))]
     assert len(prefetching) == 1, prefetching
+    # the two 1x1 stride-1 layers of one channel tile convert their input in their
+    # tiles, the others into a workspace first
+    staged = [name for name, f in ex.ir.prim_funcs().items()
+              if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc_bf16"
+              and not any(isinstance(s, t.Allocate) and s.buffer.name == "xbf16"
+                          for s in iter_stmts(f.body))]
+    assert len(staged) == 2, staged
     # the 7x7 layer's weight: 3 channels x 7 rows x 4 words of column pairs (`row_taps`)
     assert any(isinstance(p, t.Buffer) and tuple(p.shape)[1:4] == (3, 7, 4)
                for f in ex.ir.prim_funcs().values() for p in f.params)
@@ -238,7 +249,8 @@ def test_sapphirerapids_build_only() -> None:
 def _preactivation_model() -> Any:
     """A DenseNet-like block: each 1x1 layer reads BatchNorm + ReLU (per-channel Mul and
     Add, `[C][1][1]` and `[1][C][1][1]` constants) of the concat of earlier outputs; the
-    two 1x1 layers to 16 channels read 32 and 64."""
+    two 1x1 layers to 128 channels (two channel tiles, a DenseNet bottleneck's) read 32
+    and 64."""
     b = GraphBuilder()
     x = b.input("x", ("N", 16, 4, 54))
     feats = [b.op("Conv", x, b.const(_weight(32, 16, 1, 1)))]
@@ -247,13 +259,13 @@ def _preactivation_model() -> Any:
         scale = RNG.uniform(0.5, 1.5, shape).astype(np.float32)
         shift = RNG.uniform(-0.5, 0.5, shape).astype(np.float32)
         y = b.op("Relu", b.op("Add", b.op("Mul", cat, b.const(scale)), b.const(shift)))
-        y = b.op("Relu", b.op("Conv", y, b.const(_weight(16, shape[-3], 1, 1))))
+        y = b.op("Relu", b.op("Conv", y, b.const(_weight(128, shape[-3], 1, 1))))
         if i:
             b.node("Identity", [y], ["out"])
         else:
             # 144 taps over rows of 54: a row-tiled layer on float32 (SqueezeNet's)
-            feats.append(b.op("Conv", y, b.const(_weight(32, 16, 3, 3)), pads=[1, 1, 1, 1]))
-    b.output("out", ("N", 16, 4, 54))
+            feats.append(b.op("Conv", y, b.const(_weight(32, 128, 3, 3)), pads=[1, 1, 1, 1]))
+    b.output("out", ("N", 128, 4, 54))
     return b.model()
 
 
@@ -269,7 +281,7 @@ def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
     result), every convolution on the bfloat16 kernel (the 3x3 one, row-tiled on
     float32, too: left NCHW it would split the region); the output matches float32
     onnxruntime at batch 2 (the batch symbolic: the constant scale is shared). The two
-    1x1 layers to 16 channels share one kernel, which takes their input's channel blocks
+    1x1 layers to 128 channels share one kernel, which takes their input's channel blocks
     and their weight's word rows at run time (`run_time_width`)."""
     ex, model = preactivation
     kernels = {name: f for name, f in ex.ir.prim_funcs().items()

@@ -19,6 +19,10 @@ row converted as one vector; or, where that pairs an odd channel with zero at ev
 of each channel (`row_tap_input`), the sums then a kernel of half the columns, dilated
 twice. A non-finite input value then also reaches the outputs whose zero-weight half
 of a last column's word pairs it.
+A 1x1 stride-1 unpadded layer of one channel tile (`stages_input`: MobileNetV2's
+projections) has no workspace: each tile converts its own positions' words into a stage
+on the stack and sums from it, which saves the workspace's write and read back and a
+parallel loop; no word is converted twice, as the tile is the only one to read them.
 
 A tile is `tile_w` consecutive output positions x `cb` output channels of accumulators
 held at constant rows (registers), as the float32 blocked kernel's
@@ -31,11 +35,12 @@ padding channels zero (`blocked_tile_stores`). On a small image with large weigh
 tile's weights (kiln.kernels.prefetch), which would otherwise come from memory in a
 burst at its first tile.
 
-An unpadded 1x1 layer at stride 1 over whole pairs of input blocks whose tiles do not
-prefetch (`run_time_width`) takes its input's channel blocks and its weight's word rows
-at run time, as the float32 blocked kernel does (kiln.kernels.conv.run_time_width):
-DenseNet-121's bottlenecks, 58 widths, share one kernel per image size and tile. The
-sums run in the same order, so the outputs are the static kernel's bit for bit.
+An unpadded 1x1 layer at stride 1 over whole pairs of input blocks whose tiles neither
+prefetch nor stage their input (`run_time_width`) takes its input's channel blocks and
+its weight's word rows at run time, as the float32 blocked kernel does
+(kiln.kernels.conv.run_time_width): DenseNet-121's bottlenecks, 58 widths, share one
+kernel per image size and tile. The sums run in the same order, so the outputs are the
+static kernel's bit for bit.
 """
 
 from __future__ import annotations
@@ -160,6 +165,16 @@ class _Layer:
     tile_w: int
     c_out: int
     pf: WeightPrefetch | None = None
+    #: The input's word reader (`input_words`) where each tile converts its own
+    #: positions into `xb`, its stage `[P][tile_w][b]` (`stages_input`); None: `xb` is
+    #: the workspace `converted_input` fills.
+    words: Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr] | None = None
+
+    @property
+    def pairs(self) -> Any:
+        """Pairs of input word blocks: an int, or a dimension variable where the width
+        is a run-time one."""
+        return self.xb.shape[0 if self.words is not None else 1]
 
     @property
     def positions(self) -> int:
@@ -179,6 +194,36 @@ def subsampled(shape: ConvShape) -> bool:
     """Whether the workspace holds only the positions an unpadded strided 1x1 layer reads
     (the sums then run at stride 1 on it)."""
     return (shape.kh, shape.kw) == (1, 1) and shape.stride != (1, 1) and not any(shape.pads)
+
+
+def input_words(x: Buffer, c_in: int, x_block: int, block: int
+                ) -> Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]:
+    """The bfloat16 word `(n, p, row, col, v)` of the NCHW{x_block}c input `x` (or of the
+    NCHW `x`, `x_block` 1) in word rows of `block` lanes (`word_block`): lane `v` of word
+    block `2p` (low half) and `2p + 1` (high half; zero past the last block) at input
+    position `(row, col)`. A run-time channel count (`run_time_width`) is `x`'s blocks,
+    an even count of them."""
+    parts = x_block // block  # word blocks per block of `x` (`word_block`)
+    cblocks = (-(-c_in // x_block) * parts if isinstance(c_in, int)
+               else cast(int, x.shape[1]))
+    odd = isinstance(c_in, int) and cblocks % 2
+    zero = as_expr(0.0, "float32")
+
+    def read(n: PrimExpr, cblock: PrimExpr, r: PrimExpr, c: PrimExpr, v: PrimExpr
+             ) -> PrimExpr:
+        if x.ndim == 4:
+            return x[n, cblock, r, c]
+        if parts == 1:
+            return x[n, cblock, r, c, v]
+        return x[n, cblock // parts, r, c, (cblock % parts) * block + v]
+
+    def word(n: PrimExpr, p: PrimExpr, r: PrimExpr, c: PrimExpr, v: PrimExpr) -> PrimExpr:
+        lo = read(n, 2 * p, r, c, v)
+        hi = select(2 * p + 1 < cblocks, read(n, min_(2 * p + 1, cblocks - 1), r, c, v),
+                    zero) if odd else read(n, 2 * p + 1, r, c, v)
+        return bf16_word(lo, hi)
+
+    return word
 
 
 def converted_input(x: Buffer, shape: ConvShape, block: int, words: int, isa: ISA
@@ -201,39 +246,21 @@ def converted_input(x: Buffer, shape: ConvShape, block: int, words: int, isa: IS
         inner = replace(shape, h=rows, w=cols, pads=(0, 0, 0, 0))
         sh = sw = 1
     x_block, block = block, words
-    parts = x_block // block  # word blocks per block of `x` (`word_block`)
-    cblocks: int | PrimExpr
+    pairs: int | PrimExpr
     if isinstance(shape.c_in, int):
-        cblocks, pairs = -(-shape.c_in // x_block) * parts, pair_blocks(shape.c_in, block)
+        pairs = pair_blocks(shape.c_in, block)
     else:
-        cblocks = x.shape[1]
-        pairs = cast(int, cblocks // 2)
+        pairs = cast(int, x.shape[1] // 2)
     # a 1x1 layer at stride 1 reads its positions in order: one row of them, so that a
     # tile's positions are one address apart by constants, not one address register each
     flat = (shape.kh, shape.kw) == (1, 1) and inner.stride == (1, 1)
     xb = Buffer("xbf16", (shape.n, pairs, rows * cols, block) if flat
                 else (shape.n, pairs, rows, cols, block), "int32")
-    zero = as_expr(0.0, "float32")
-
-    def read(n: PrimExpr, cblock: PrimExpr, r: PrimExpr, c: PrimExpr, v: PrimExpr
-             ) -> PrimExpr:
-        if x.ndim == 4:
-            return x[n, cblock, r, c]
-        if parts == 1:
-            return x[n, cblock, r, c, v]
-        return x[n, cblock // parts, r, c, (cblock % parts) * block + v]
+    word = input_words(x, shape.c_in, x_block, block)
 
     def fill(n: PrimExpr, p: PrimExpr, i: PrimExpr) -> Stmt:
-        hi_block = min_(2 * p + 1, cblocks - 1)
-        has_hi = 2 * p + 1 < cblocks
-
         def image(q: PrimExpr, v: PrimExpr) -> PrimExpr:
-            r, c = (i - top) * sh, (q - left) * sw
-            lo = read(n, 2 * p, r, c, v)
-            odd = isinstance(cblocks, int) and cblocks % 2
-            hi = select(has_hi, read(n, hi_block, r, c, v), zero) if odd else \
-                read(n, 2 * p + 1, r, c, v)
-            return bf16_word(lo, hi)
+            return word(n, p, (i - top) * sh, (q - left) * sw, v)
 
         def span(c: tuple[int, int], value: Callable[[PrimExpr, PrimExpr], PrimExpr]
                  ) -> list[Stmt]:
@@ -357,6 +384,52 @@ def run_time_width(shape: ConvShape, in_block: int, x_ndim: int, prefetch: bool)
             and not any(shape.pads) and shape.c_in % (2 * in_block) == 0 and not prefetch)
 
 
+#: The most bytes of a tile's own converted words (`stages_input`): a part of the L1.
+STAGE_MAX_BYTES = 16 * 1024
+#: The most channel blocks of an input past the L2 that a tile converts from
+#: (`stages_input`): each block is a stream of its own from memory.
+STAGE_MAX_BLOCKS = 8
+
+
+def stages_input(shape: ConvShape, cb: int, tile_w: int, words: int, pf: bool,
+                 isa: ISA) -> bool:
+    """Whether each tile of positions converts its own input words (`staged_words`)
+    rather than reading a workspace converted before the tiles: a 1x1 stride-1 unpadded
+    layer whose output channels are one channel tile (MobileNetV2's projections to 16-64
+    channels: no input word is converted twice) and whose `words` (per position) fit
+    STAGE_MAX_BYTES for the tile. The workspace's round trip through memory (its
+    writes, then the tiles' reads: half the float32 input's bytes each) and its
+    parallel loop go; the float32 input is read once as before. Before a run-time
+    width (`run_time_width`): the projections 32 > 16 at 112x112 and 192 > 32 at 28x28
+    gain more from it than from sharing a kernel (docs/performance.md). Not with the
+    weight prefetch (large weights: many channel tiles), nor from an input past the L2
+    in more than STAGE_MAX_BLOCKS channel blocks, which a tile reads as that many
+    streams at once (MobileNetV2's 144 > 24 at 56x56, 9 blocks of 1.8 MB: 4% slower
+    so, where the workspace's conversion reads two blocks at a time)."""
+    lanes = tile_lanes(isa)
+    blocks = -(-shape.c_in // lanes)
+    streams = blocks > STAGE_MAX_BLOCKS and shape.h * shape.w * blocks * lanes * 4 > isa.l2_bytes
+    return ((shape.kh, shape.kw) == (1, 1) and shape.stride == (1, 1)
+            and not any(shape.pads) and shape.c_out <= cb and not pf and not streams
+            and words * tile_w * 4 <= STAGE_MAX_BYTES)
+
+
+def staged_words(layer: _Layer, n: PrimExpr, rows: Sequence[PrimExpr],
+                 cols: Sequence[PrimExpr]) -> list[Stmt]:
+    """The tile's stage `xb[p][r][v]` filled with the input words of its positions
+    (`rows`, `cols`), `b` lanes at a time."""
+    assert layer.words is not None
+    words, xb = layer.words, layer.xb
+    block = int(xb.shape[2])
+
+    def position(p: PrimExpr, r: int) -> Stmt:
+        return lanes_loop("v", block, lambda v: Store(
+            xb, words(n, p, rows[r], cols[r], v), (p, _c(r), v)))
+
+    return [Allocate(xb), _loop("p", layer.pairs, lambda p: seq(*(
+        position(p, r) for r in range(layer.tile_w))))]
+
+
 def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
     """Tile `t` of channel tile `ob` of image `n`: its sums, then its stores."""
     tile_w, cb, block, shape = layer.tile_w, layer.cb, layer.in_block, layer.shape
@@ -377,6 +450,8 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
         rows.append(rv)
         cols.append(cv)
         positions.append(pos)
+    if layer.words is not None:
+        head += staged_words(layer, n, rows, cols)
     sh, sw = shape.stride
     dh, dw = shape.dilation
     pf = layer.pf
@@ -387,14 +462,18 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
     first = layer.tiles - cb // line
     if pf is not None:
         head.append(pf.start((ob, _c(0), _c(0), _c(0), _c(0)),
-                             int(layer.xb.shape[1]) * block * shape.kh * shape.kw * cb))
+                             int(layer.pairs) * block * shape.kh * shape.kw * cb))
+
+    def word(r: int, p: PrimExpr, kh: PrimExpr, kw: PrimExpr, j: PrimExpr) -> PrimExpr:
+        if layer.words is not None:  # the tile's stage
+            return layer.xb[p, _c(r), j]
+        if layer.xb.ndim == 4:  # a flat workspace
+            return layer.xb[n, p, positions[r], j]
+        return layer.xb[n, p, rows[r] * sh + kh * dh, cols[r] * sw + kw * dw, j]
 
     def step(p: PrimExpr, j: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
         xs = [Var(f"x{r}", "int32") for r in range(tile_w)]
-        lets: list[Stmt] = [LetStmt(xv, layer.xb[n, p, positions[r], j] if layer.xb.ndim == 4
-                                    else layer.xb[n, p, rows[r] * sh + kh * dh,
-                                                  cols[r] * sw + kw * dw, j])
-                            for r, xv in enumerate(xs)]
+        lets: list[Stmt] = [LetStmt(xv, word(r, p, kh, kw, j)) for r, xv in enumerate(xs)]
         if pf is not None:
             fetch = seq(*pf.at((((p * block + j) * shape.kh + kh) * shape.kw + kw) * cb
                                + (t - first) * line, line))
@@ -408,8 +487,7 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
 
         return seq(*lets, lanes_loop("v", cb, lane))
 
-    pairs = layer.xb.shape[1]  # a dimension variable where the width is a run-time one
-    sums = _loop("p", pairs, lambda p: _loop("j", block, lambda j: _nest(
+    sums = _loop("p", layer.pairs, lambda p: _loop("j", block, lambda j: _nest(
         ("kh", "kw"), (shape.kh, shape.kw), lambda kh, kw: step(p, j, kh, kw))))
     stage = Buffer("stage", (tile_w, cb), "float32", "local")
     copy = lanes_loop("v", cb, lambda v: seq(*(
@@ -485,21 +563,29 @@ class NchwcBf16(Family):
         x_buf, w_buf = buffers[xs], buffers[ws]
         fattrs: dict[str, Any] = {ATTR_CONV_KERNEL: self.op, ATTR_NO_SLP: True}
         lanes = word_block(shape.c_in, in_block)
+        tile_w = min(tile[1], shape.out_h * shape.out_w)
+        staged = len(x.shape) == 5 and stages_input(
+            shape, cb, tile_w, words[1], prefetch, isa)
 
         def body(shape: ConvShape, x_buf: Buffer, w_buf: Buffer) -> Stmt:
+            reader = None
             if attrs.get(ROW_TAPS):
                 xb, inner, prologue = row_tap_input(x_buf, shape)
                 width = word_block(inner.c_in, in_block)
+            elif staged:
+                xb = Buffer("xw", (words[1] // lanes, tile_w, lanes), "int32", "local")
+                inner, prologue, width = shape, [], lanes
+                reader = input_words(x_buf, shape.c_in, in_block, lanes)
             else:
                 xb, inner, prologue = converted_input(x_buf, shape, in_block, lanes, isa)
                 width = lanes
             pf = WeightPrefetch(w_buf, int(np.prod(words[1:]))) if prefetch else None
             layer = _Layer(inner, xb, w_buf, store.out, epilogue, width, block, cb,
-                           min(tile[1], shape.out_h * shape.out_w), shape.c_out, pf)
+                           tile_w, shape.c_out, pf, reader)
             return seq(*prologue, bf16_conv_body(layer))
 
         stmt = None
-        if run_time_width(shape, in_block, len(x.shape), prefetch):
+        if not staged and run_time_width(shape, in_block, len(x.shape), prefetch):
             blocks, rows = Var(WIDTH_NAME, INDEX_DTYPE), Var(WORDS_NAME, INDEX_DTYPE)
             wide_x = Buffer(x_buf.name, (x_buf.shape[0], blocks, *x_buf.shape[2:]),
                             x_buf.dtype, x_buf.scope)
@@ -533,10 +619,12 @@ class NchwcBf16(Family):
         shape = bf16_conv_shape(types, call.attrs)
         in_block, block = conv_blocks(x.shape, call.attrs)
         prefetch = prefetches_bf16_weights(shape, words[4], int(np.prod(words)), isa)
-        if not run_time_width(shape, in_block, x.ndim, prefetch):
+        tile = recorded_tile(call.attrs, 2, self.op) or bf16_tile(shape, isa)
+        tile_w = min(tile[1], shape.out_h * shape.out_w)
+        if (not run_time_width(shape, in_block, x.ndim, prefetch)
+                or stages_input(shape, words[4], tile_w, words[1], prefetch, isa)):
             return None
-        return (replace(shape, c_in=0), in_block, block, words[4],
-                recorded_tile(call.attrs, 2, self.op) or bf16_tile(shape, isa))
+        return (replace(shape, c_in=0), in_block, block, words[4], tile)
 
 
 NCHWC_BF16 = NchwcBf16("nchwc_bf16", CONV_BF16, (), -1)
