@@ -15,7 +15,8 @@ float32 sums), as users quantize for onnxruntime-genai.
 
 Each (runtime, precision) runs in a fresh process (so peak RSS is its own): kiln compiles
 the file as exported once (`kiln.compile`, no pins; the time is printed), exports the
-library, and each process loads it (what a deploy host does) and generates with
+library, and each process loads it (what a deploy host does; the weights checked at
+load, `verify_weights=True`) and generates with
 `kiln.generate`; onnxruntime runs the same file
 with the same greedy loop written out (the presents fed back as the pasts, numpy argmax).
 A round is one prompt of `--prompt` tokens and `--new` greedy tokens; the rounds of the
@@ -170,7 +171,11 @@ def kv_cache_mib(path: Path, positions: int) -> float:
 
 def _kiln_step(path: Path, threads: int) -> Callable[..., Any]:
     kiln.runtime.set_num_threads(threads)
-    exe = kiln.runtime.load_module(path.with_suffix(".so"))   # exported by the parent
+    # exported by the parent; its weights checked now, at load, rather than beside the
+    # first calls (the default, "lazy"): the check's hand-back of the gathered rows
+    # would otherwise land in the warm-up and the timed prompt (docs/performance.md,
+    # "The first token by call number"); the load itself is not timed
+    exe = kiln.runtime.load_module(path.with_suffix(".so"), verify_weights=True)
 
     def generate(ids: np.ndarray, new: int, on_token: Callable[[np.ndarray], object]) -> Any:
         return kiln.generate(exe, ids, new, on_token=on_token)
