@@ -190,6 +190,19 @@ def test_a_miss_logs_to_the_kiln_logger_off_a_terminal(
     assert lines[-1].startswith("compiling tiny.onnx: done")
 
 
+def test_a_compile_failed_in_its_import_does_not_hide_the_next_ones_first_line(
+        model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(model.read_bytes()[:40])  # cut short: the import fails
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        with pytest.raises(kiln.KilnError):
+            kiln.InferenceSession(broken)
+        caplog.clear()
+        kiln.InferenceSession(model)
+    lines = [r.getMessage() for r in caplog.records if r.name == "kiln"]
+    assert lines[0].startswith("compiling tiny.onnx: importing the ONNX model")
+
+
 def test_without_the_cache_nothing_is_stored(model: Path, own_cache: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KILN_CACHE", "0")

@@ -31,24 +31,25 @@ def progress_for(what: str, options: Any) -> CompileProgress:
     terminal = bool(getattr(sys.stderr, "isatty", lambda: False)())
     progress = CompileProgress(what, display=terminal)
     if not progress.enabled:
-        progress.report = log_event
+        progress.report = StageLog()
     return progress
 
 
-class _Logged:
-    """The last stage logged at INFO (a step's sub-steps return to it: logged once)."""
+class StageLog:
+    """One compile's events to the `kiln` logger: a pass or a sub-step ("export.link") at
+    DEBUG, any other stage at INFO once in a row (a step's sub-steps return to it). One
+    per compile: a stage left logged by another compile (one that failed in its import)
+    must not hide this one's first line."""
 
-    stage = ""
+    def __init__(self) -> None:
+        self.stage = ""
 
-
-def log_event(event: ProgressEvent) -> None:
-    """Write `event` to the `kiln` logger: a pass or a sub-step ("export.link") at DEBUG,
-    any other stage at INFO once in a row."""
-    detail = event.stage.startswith("pass ") or "." in event.stage
-    if not detail and event.stage == _Logged.stage:
-        return
-    if not detail:
-        _Logged.stage = event.stage
-    LOGGER.log(logging.DEBUG if detail else logging.INFO,
-               "compiling %s: %s (%d passes, %.1f s)", event.what, event.stage,
-               event.passes, event.elapsed)
+    def __call__(self, event: ProgressEvent) -> None:
+        detail = event.stage.startswith("pass ") or "." in event.stage
+        if not detail and event.stage == self.stage:
+            return
+        if not detail:
+            self.stage = event.stage
+        LOGGER.log(logging.DEBUG if detail else logging.INFO,
+                   "compiling %s: %s (%d passes, %.1f s)", event.what, event.stage,
+                   event.passes, event.elapsed)
