@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
-import tempfile
 
 import pytest
+
+from kiln.runtime.private_dirs import make_private_dir, remove_private_dir
 
 # Idle pool workers spin 20 ms after a library's last parallel loop by default (docs/
 # runtime.md, "Threads"); two xdist workers share two cores, so in the suite that spin
@@ -36,9 +36,10 @@ os.environ.setdefault("KILN_SPIN_US", "0")
 
 _worker = os.environ.get("PYTEST_XDIST_WORKER")
 if _worker and "KILN_CACHE_DIR" not in os.environ:
-    _cache = tempfile.mkdtemp(prefix=f"kiln-cache-{_worker}-")
+    # A private directory: a killed run's is removed by the next run's first one.
+    _cache = make_private_dir(f"kiln-cache-{_worker}-")
     os.environ["KILN_CACHE_DIR"] = _cache
-    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    atexit.register(remove_private_dir, _cache)
 
 
 # tryfirst: the marks must be on the items before pytest-xdist's own hook of this name

@@ -25,7 +25,6 @@ import contextlib
 import os
 import re
 import shlex
-import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,6 +60,7 @@ from kiln.runtime.external_weights import (
     export_weights,
     map_symbols,
 )
+from kiln.runtime.private_dirs import make_private_dir, remove_private_dir
 from kiln.runtime.threads import POOL_EXPORTS
 from kiln.runtime.toolchain import default_compiler
 from kiln.runtime.weights_check import check_artifact, check_symbols
@@ -464,11 +464,11 @@ def _workspace(workspace_dir: str | os.PathLike[str] | None) -> Iterator[Path]:
         work.mkdir(parents=True, exist_ok=True)
         yield work
         return
-    tmp = tempfile.mkdtemp(prefix="kiln-export-")
+    tmp = make_private_dir("kiln-export-")
     try:
         yield Path(tmp)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_private_dir(tmp)
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ from kiln.runtime.loaders import LoadContext, run_loader
 from kiln.runtime.memory_library import memory_file
 from kiln.runtime.module import HostModule, LibraryModule, Module
 from kiln.runtime.page_advice import advise_streamed
+from kiln.runtime.private_dirs import make_private_dir, remove_private_dir
 from kiln.runtime.shared_constants import BorrowingCheck, attach_table
 from kiln.runtime.weights import CheckOnce, arm_check, check_weights
 
@@ -159,7 +160,8 @@ def load_artifacts(
     if any(a.loader == NATIVE for a in stored):
         if workspace_dir is not None:
             Path(workspace_dir).mkdir(parents=True, exist_ok=True)
-        load_dir = tempfile.mkdtemp(prefix="kiln-load-", dir=workspace_dir)
+        load_dir = (make_private_dir("kiln-load-") if workspace_dir is None
+                    else tempfile.mkdtemp(prefix="kiln-load-", dir=workspace_dir))
         try:
             so_path = Path(load_dir) / "lib.so"
             build_dir = Path(load_dir) / "build"
@@ -174,7 +176,7 @@ def load_artifacts(
                 num_threads=num_threads)
         except BaseException:
             if workspace_dir is None:
-                shutil.rmtree(load_dir, ignore_errors=True)
+                remove_private_dir(load_dir)
             raise
     else:
         inspect_only = [a for a in stored if a.loader == NONE]

@@ -39,8 +39,8 @@ import json
 import math
 import os
 import shutil
-import tempfile
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,7 @@ from kiln.errors import ArgumentTypeError, CallError, FormatError, MissingFileEr
 from kiln.runtime import native, object_cache
 from kiln.runtime.mlf_parameters import PARAMETERS_SCHEMA, PARAMETERS_SINCE, check_parameters
 from kiln.runtime.native import reads_other_files
+from kiln.runtime.private_dirs import make_private_dir, remove_private_dir
 
 # 1: weights as a C array; 2: weights as binary assembled by parameters/<model>_params.S,
 # the allocator in runtime/src/kiln_mlf.c; 3: `checksums` of every member and of
@@ -429,7 +430,8 @@ class MLFModel:
     def __init__(self, library: Path, meta: dict[str, Any], workdir: str,
                  archive: str = "") -> None:
         self.metadata = meta
-        self._workdir = workdir
+        # The build directory goes with the model, or at interpreter exit at the latest.
+        self._remove_workdir = weakref.finalize(self, remove_private_dir, workdir)
         where = f"{archive or library}: metadata.json"
         try:
             self._lib = ctypes.CDLL(str(library))
@@ -479,7 +481,7 @@ class MLFModel:
         return outs
 
     def close(self) -> None:
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        self._remove_workdir()
 
 
 def _build_inputs(root: Path, workdir: str, build: dict[str, Any]) -> _BuildInputs | None:
@@ -566,7 +568,7 @@ def load(path: str | os.PathLike[str], *, cc: str | None = None) -> MLFModel:
     archive = Path(path)
     if "\x00" in str(archive):  # open() would raise ValueError
         raise MissingFileError(f"{str(archive)!r}: no such archive (its name holds a NUL)")
-    workdir = tempfile.mkdtemp(prefix="kiln-mlf-")
+    workdir = make_private_dir("kiln-mlf-")
     try:
         root = Path(workdir) / "mlf"
         root.mkdir()
@@ -597,7 +599,7 @@ def load(path: str | os.PathLike[str], *, cc: str | None = None) -> MLFModel:
                     *build["libs"]], "linking the archive")
         return MLFModel(library, meta, workdir, str(archive))
     except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_private_dir(workdir)
         raise
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
-import tempfile
 import threading
 import weakref
 from _ctypes import dlclose as _dlclose
@@ -31,6 +29,7 @@ from kiln.runtime.function import NativeFunction, PackedFunction
 from kiln.runtime.lazy_graphs import LazyGraphs, split_entry
 from kiln.runtime.lifetime import CallGuard
 from kiln.runtime.memory_library import is_memory_path
+from kiln.runtime.private_dirs import make_private_dir, remove_private_dir
 from kiln.runtime.profile import ProfileCounters, ProfileRow, not_profiled
 
 if TYPE_CHECKING:
@@ -278,7 +277,7 @@ class LibraryModule(Module):
         lib = _dlopen(self.path)
         # The private directory goes when the module does, or at interpreter exit
         # at the latest (a finalizer runs even when the module sits in a cycle).
-        self._cleanup = (weakref.finalize(self, shutil.rmtree, cleanup_dir, ignore_errors=True)
+        self._cleanup = (weakref.finalize(self, remove_private_dir, cleanup_dir)
                          if cleanup_dir is not None else None)
         self.cdll = lib
         self._handle = lib._handle
@@ -466,7 +465,7 @@ def _dlopen(path: Path) -> ctypes.CDLL:
         del _OPEN[key]
     stale = any(not m.closed and m._file_id != (stat.st_dev, stat.st_ino)
                 for m in list(_OPEN.get(name, ())))
-    link_dir = tempfile.mkdtemp(prefix="kiln-dlopen-") if stale else None
+    link_dir = make_private_dir("kiln-dlopen-") if stale else None
     try:
         if link_dir is not None:
             name = os.path.join(link_dir, path.name)
@@ -479,7 +478,7 @@ def _dlopen(path: Path) -> ctypes.CDLL:
                           "rejected it (a damaged symbol or section name)") from None
     finally:
         if link_dir is not None:
-            shutil.rmtree(link_dir, ignore_errors=True)
+            remove_private_dir(link_dir)
 
 
 def _check_signature(name: str, sig: Any) -> None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from kiln.artifact.segments import write_content
 from kiln.errors import CompileError
 from kiln.runtime import object_cache
+from kiln.runtime.private_dirs import make_private_dir, remove_private_dir
 
 if TYPE_CHECKING:
     from kiln.artifact import AnyArtifact
@@ -253,8 +254,8 @@ def precompile_c(artifact: AnyArtifact, cc: str | Sequence[str] | None = None) -
     starts host.c's compile while LLVM compiles the kernels, on another core. Does
     nothing when the compile would not be cached or the compiler cannot start."""
     cc_cmd = cc_command(cc)
-    folder = tempfile.TemporaryDirectory(prefix="kiln-cc-")
-    src = Path(folder.name) / artifact.file_name
+    folder = make_private_dir("kiln-cc-")
+    src = Path(folder) / artifact.file_name
     with open(src, "wb") as f:
         write_content(f, artifact.content)
     units = [(cmd, key, obj) for cmd, key, obj in _c_units(artifact, cc_cmd, src, None)
@@ -269,14 +270,14 @@ def precompile_c(artifact: AnyArtifact, cc: str | Sequence[str] | None = None) -
             continue
         object_cache.start(key, process, obj, shared)
     if not units:
-        folder.cleanup()
+        remove_private_dir(folder)
 
 
 class _SharedFolder:
     """A temporary folder that the compiles started in it share: removed by the last
     `cleanup`."""
 
-    def __init__(self, folder: tempfile.TemporaryDirectory[str], users: int) -> None:
+    def __init__(self, folder: str, users: int) -> None:
         self.folder = folder
         self.users = users
         self.lock = threading.Lock()
@@ -286,7 +287,7 @@ class _SharedFolder:
             self.users -= 1
             last = self.users == 0
         if last:
-            self.folder.cleanup()
+            remove_private_dir(self.folder)
 
 # Flags that make the compiler read files besides the source and kiln's headers (which
 # the object cache's key does not cover): such compiles are never reused.

@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import shutil
-import tempfile
 import time
 import warnings
 import weakref
@@ -40,6 +39,7 @@ from kiln.driver import cache
 from kiln.errors import ArgumentTypeError, FormatError, MissingFileError, UsageError
 from kiln.runtime.loading import load_shared_library
 from kiln.runtime.module import LibraryModule
+from kiln.runtime.private_dirs import make_private_dir, remove_private_dir
 from kiln.session.node_arg import ModelMetadata, SessionOptions
 
 # 1 (2026-11-27): the first format: key fields below, entry metadata {"model",
@@ -265,14 +265,14 @@ def load_cached(library: Path, threads: int, *, hashed: bool = True) -> LibraryM
                                      num_threads=threads or None)
         _LOADED.setdefault(name, weakref.WeakSet()).add(module)
         return module
-    folder = tempfile.mkdtemp(prefix="kiln-session-")
+    folder = make_private_dir("kiln-session-")
     try:
         copy = Path(folder) / "lib.so"
         shutil.copyfile(library, copy)
         return load_shared_library(copy, cleanup_dir=folder, verify_weights=verify,
                                    num_threads=threads or None)
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_private_dir(folder)
         raise
 
 
