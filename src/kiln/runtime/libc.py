@@ -18,7 +18,9 @@ def libc_function(name: str, restype: Any, *argtypes: Any) -> Any:
     """The C library's `name` with result type `restype` and `argtypes`, or None where
     the C library lacks it (or the process has no C library ctypes can open)."""
     try:
-        fn = getattr(_process_libc(), name)
+        # Indexing makes a function object of its own (getattr would hand every caller
+        # ctypes' one cached object, and a second signature would overwrite the first).
+        fn = _process_libc()[name]
     except (AttributeError, OSError):
         return None
     fn.argtypes = argtypes
