@@ -8,6 +8,7 @@ the DSL text itself uses (`T`, `G`, `meta`, ...) is renamed too.
 from __future__ import annotations
 
 import keyword
+from collections.abc import Container
 
 # Names the DSL text itself uses; a node hint equal to one of them is renamed.
 RESERVED = frozenset({"T", "G", "I", "meta", "ir_module", "range", "float"})
@@ -26,6 +27,16 @@ def sanitize(hint: str, fallback: str = "v") -> str:
         name = f"{fallback}_{name}"
     if keyword.iskeyword(name):
         name += "_"
+    return name
+
+
+def unique_name(base: str, taken: Container[str]) -> str:
+    """`base`, or `base_1`, `base_2`, ... : the first not in `taken` (a module's
+    function names, say)."""
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
     return name
 
 

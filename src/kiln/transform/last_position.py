@@ -27,7 +27,6 @@ names its companion (`kiln.last_position`), the companion its decoder
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -39,6 +38,7 @@ from kiln.ir import graph as g
 from kiln.ir.analysis.graph_uses import graph_vars_used
 from kiln.ir.attrs import ATTR_GIVEN_OUTPUT_NAMES, ATTR_LAST_POSITION, ATTR_LAST_POSITION_OF
 from kiln.ir.module import IRModule
+from kiln.ir.names import unique_name
 from kiln.ir.shape_expr import dim_text
 from kiln.ir.types import Dim, TensorType
 from kiln.ops.reduce import norm_axes
@@ -70,7 +70,7 @@ class LastPosition(Pass):
             companion = last_position_companion(fn, name)
             if companion is None:
                 continue
-            other = _unique(functions, name + SUFFIX)
+            other = unique_name(name + SUFFIX, functions)
             functions[name] = fn.with_attrs(**{ATTR_LAST_POSITION: other})
             functions[other] = companion.with_attrs(**{ATTR_LAST_POSITION_OF: name})
         return mod if len(functions) == len(mod.functions) else IRModule(functions, mod.attrs)
@@ -229,14 +229,6 @@ def _last(value: g.Var, bindings: list[g.Binding]) -> g.Var:
     index = g.Constant(np.array([-1], np.int64), "last_position")
     bindings.append(g.Binding(var, g.Call("gather", (value, index), {"axis": 1}, ty)))
     return var
-
-
-def _unique(functions: Sequence[str] | dict[str, Any], name: str) -> str:
-    taken, k, out = set(functions), 1, name
-    while out in taken:
-        k += 1
-        out = f"{name}{k}"
-    return out
 
 
 __all__ = ["LastPosition", "last_position_companion"]

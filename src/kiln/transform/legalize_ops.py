@@ -24,6 +24,7 @@ from kiln.ir import graph as g
 from kiln.ir.analysis.graph_uses import function_exprs
 from kiln.ir.attrs import ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
+from kiln.ir.names import unique_name
 from kiln.ir.tensor import Buffer, PrimFunc, SeqStmt
 from kiln.ir.types import TensorType
 from kiln.ir.visitor import GraphMutator
@@ -133,11 +134,7 @@ class _State:
         return name
 
     def _unique(self, base: str) -> str:
-        name, n = base, 0
-        while name in self.functions:
-            n += 1
-            name = f"{base}_{n}"
-        return name
+        return unique_name(base, self.functions)
 
 
 def _empty_result_kernel(call: g.Call) -> PrimFunc | None:
