@@ -97,6 +97,7 @@ from kiln.artifact.schema import (
 )
 from kiln.artifact.segments import content_parts
 from kiln.codegen import kernel_cache
+from kiln.driver.direct_write import write_direct
 from kiln.errors import FormatError, UnsafePathError
 
 # 3 (2026-11-23): an entry records its key ("key"), checked on lookup.
@@ -105,6 +106,10 @@ CACHE_FORMAT = 3
 LAYOUT = "v2"
 ENTRY_FORMAT = "kiln.cache-entry"
 DEFAULT_MAX_BYTES = 2 << 30
+# Objects at least this large (a model's weights) are written past the page cache: a
+# later build reads them back at most, and a cold compile's fresh page-cache pages for
+# them cost more CPU than the copy (kiln.driver.direct_write). Tests lower it.
+DIRECT_WRITE_BYTES = 16 << 20
 # Objects this young are never collected: another process may be storing an
 # entry that uses them.
 _GRACE_SECONDS = 60.0
@@ -319,17 +324,25 @@ def _check_trusted(st: os.stat_result, path: Path, what: str) -> None:
         raise _Unsafe(problem)
 
 
-def _write_atomic(path: Path, parts: Iterable[Any]) -> None:
-    """Write `parts` to a temporary file next to `path` (mode 0600) and rename it there.
+def _write_atomic(path: Path, parts: Iterable[Any], size: int = 0) -> None:
+    """Write `parts` to a temporary file next to `path` (mode 0600) and rename it there;
+    past the page cache (kiln.driver.direct_write) when `size`, their length, is at
+    least DIRECT_WRITE_BYTES.
 
     No fsync: every read checks the hash, so a torn file is only a miss.
     """
     path.parent.mkdir(mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            for part in parts:
-                f.write(part)
+        if size >= DIRECT_WRITE_BYTES:
+            try:
+                write_direct(fd, parts)
+            finally:
+                os.close(fd)
+        else:
+            with os.fdopen(fd, "wb") as f:
+                for part in parts:
+                    f.write(part)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -383,7 +396,7 @@ def store_object_async(name: str, size: int,
 
     def write() -> None:
         try:
-            _write_atomic(target, parts)
+            _write_atomic(target, parts, size)
         except (OSError, ValueError):
             STATS.errors += 1
 
@@ -498,7 +511,7 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
             name, chunks = _object_name(a)
             target = object_path(name)
             if not target.is_file() or target.stat().st_size != a.size:
-                _write_atomic(target, content_parts(a.content))
+                _write_atomic(target, content_parts(a.content), a.size)
             else:
                 os.utime(target)  # keeps it out of the grace-period collection race
             items.append({"codegen_id": a.codegen_id, "loader": a.loader,
