@@ -34,8 +34,8 @@ An entry records its own key (inside its checksum) and is checked against
 with a CacheWarning, never another model's code.
 Files are written to a temporary name and renamed; there is no fsync: a file
 damaged by a crash fails its hash and counts as a miss. Objects of DIRECT_WRITE_BYTES
-or more (the weights) are written past the page cache (kiln.driver.direct_write). In-memory artifacts are
-never cached.
+or more (the weights) are written past the page cache (kiln.driver.direct_write).
+In-memory artifacts are never cached.
 
 Size: at most `$KILN_CACHE_MAX` bytes (default 2G; "500M", "2G", "1.5G", plain
 bytes; "0" = no limit). When a store goes over it, the least recently used
