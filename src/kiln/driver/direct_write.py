@@ -13,7 +13,6 @@ and the page cache keeps the pages a build maps (its library's).
 from __future__ import annotations
 
 import errno
-import fcntl
 import mmap
 import os
 from collections.abc import Iterable
@@ -83,9 +82,11 @@ def _write_all(fd: int, data: memoryview) -> None:
 def _set_direct(fd: int, on: bool) -> bool:
     """Turn `O_DIRECT` on or off for `fd`; whether it is on now (never where the system or
     the file system has no such mode)."""
-    flag = getattr(os, "O_DIRECT", 0)
+    flag = getattr(os, "O_DIRECT", 0)  # Linux and the BSDs
     if not flag:
         return False
+    import fcntl  # POSIX only, as O_DIRECT
+
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     try:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags | flag if on else flags & ~flag)
