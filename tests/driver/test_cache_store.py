@@ -63,12 +63,14 @@ def test_weights_are_stored_once_and_the_hit_runs(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize("directory", ["tmp", "/dev/shm"])
-def test_a_direct_write_holds_every_byte(directory: str, tmp_path: Path) -> None:
+def test_a_direct_write_holds_every_byte(directory: str, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Whole buffers, whole blocks and a tail past them; pieces of any size and item type;
     on a disk and on a tmpfs (which may refuse O_DIRECT: then written buffered)."""
     where = tmp_path if directory == "tmp" else Path(directory)
     if not where.is_dir():
         pytest.skip(f"no {directory}")
+    monkeypatch.setattr(direct_write, "BUFFER", 4 * direct_write.ALIGN)
     rng = np.random.default_rng(1)
     parts = [rng.integers(0, 255, n, dtype=np.uint8)
              for n in (3, direct_write.BUFFER * 2 + direct_write.ALIGN - 3, 5, 70001)]
