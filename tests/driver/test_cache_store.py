@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -82,6 +84,29 @@ def test_a_direct_write_holds_every_byte(directory: str, tmp_path: Path,
         assert Path(name).read_bytes() == b"".join(p.tobytes() for p in parts)
     finally:
         os.unlink(name)
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this system")
+def test_a_refused_direct_write_goes_through_the_page_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+
+    monkeypatch.setattr(direct_write, "BUFFER", 4 * direct_write.ALIGN)
+    real, refused = os.write, []
+
+    def write(fd: int, data: Any) -> int:  # a device that takes no direct write
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(len(data))
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    data = np.random.default_rng(2).integers(0, 255, 3 * direct_write.BUFFER + 7, np.uint8)
+    target = tmp_path / "object"
+    with open(target, "wb") as f:
+        direct_write.write_direct(f.fileno(), [data])
+    assert refused == [direct_write.BUFFER]  # the first one only: the rest went buffered
+    assert target.read_bytes() == data.tobytes()
 
 
 def test_damaged_weights_object_is_a_miss_and_is_rebuilt() -> None:
