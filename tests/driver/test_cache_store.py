@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +16,7 @@ import pytest
 import kiln
 from kiln.artifact.capped import parse_size
 from kiln.cli.main import main as kiln_main
-from kiln.driver import CACHE_STATS, cache
+from kiln.driver import CACHE_STATS, cache, direct_write
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir import graph as g
 
@@ -47,7 +50,8 @@ def weights_objects() -> list[Path]:
     return [p for name, p in objects().items() if name.startswith("c") and len(name) == 65]
 
 
-def test_weights_are_stored_once_and_the_hit_runs() -> None:
+def test_weights_are_stored_once_and_the_hit_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache, "DIRECT_WRITE_BYTES", 1)  # the objects past the page cache
     mod, table = weights_module()
     kiln.compile(mod, "c")
     kiln.compile(mod, "c", system_lib_prefix="other_")  # a second entry, same weights
@@ -58,6 +62,51 @@ def test_weights_are_stored_once_and_the_hit_runs() -> None:
     assert ex.cache_hit
     x = np.ones((ROWS, ROWS), np.float32)
     np.testing.assert_array_equal(ex["main"](x), x + table)
+
+
+@pytest.mark.parametrize("directory", ["tmp", "/dev/shm"])
+def test_a_direct_write_holds_every_byte(directory: str, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole buffers, whole blocks and a tail past them; pieces of any size and item type;
+    on a disk and on a tmpfs (which may refuse O_DIRECT: then written buffered)."""
+    where = tmp_path if directory == "tmp" else Path(directory)
+    if not where.is_dir():
+        pytest.skip(f"no {directory}")
+    monkeypatch.setattr(direct_write, "BUFFER", 4 * direct_write.ALIGN)
+    rng = np.random.default_rng(1)
+    parts = [rng.integers(0, 255, n, dtype=np.uint8)
+             for n in (3, direct_write.BUFFER * 2 + direct_write.ALIGN - 3, 5, 70001)]
+    parts.append(np.arange(1000, dtype=np.float32).reshape(10, 100))
+    fd, name = tempfile.mkstemp(dir=where)
+    try:
+        direct_write.write_direct(fd, parts)
+        os.close(fd)
+        assert Path(name).read_bytes() == b"".join(p.tobytes() for p in parts)
+    finally:
+        os.unlink(name)
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this system")
+def test_a_refused_direct_write_goes_through_the_page_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+
+    monkeypatch.setattr(direct_write, "BUFFER", 4 * direct_write.ALIGN)
+    real, refused = os.write, []
+
+    def write(fd: int, data: Any) -> int:  # a device that takes no direct write
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(len(data))
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    data = np.random.default_rng(2).integers(0, 255, 3 * direct_write.BUFFER + 7, np.uint8)
+    target = tmp_path / "object"
+    with open(target, "wb") as f:
+        direct_write.write_direct(f.fileno(), [data])
+    assert refused == [direct_write.BUFFER]  # the first one only: the rest went buffered
+    assert target.read_bytes() == data.tobytes()
 
 
 def test_damaged_weights_object_is_a_miss_and_is_rebuilt() -> None:

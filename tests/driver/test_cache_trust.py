@@ -104,7 +104,7 @@ def test_a_file_where_a_directory_should_be(_private_cache: Path) -> None:
 
 
 def test_a_read_only_cache_never_fails_a_build(monkeypatch: pytest.MonkeyPatch) -> None:
-    def read_only(path: Path, parts: Any) -> None:
+    def read_only(path: Path, parts: Any, size: int = 0) -> None:
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
     monkeypatch.setattr(cache, "_write_atomic", read_only)

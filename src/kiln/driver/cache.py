@@ -33,8 +33,9 @@ An entry records its own key (inside its checksum) and is checked against
 `ENTRY_SCHEMA`: an entry found under another key (renamed, swapped) is a miss
 with a CacheWarning, never another model's code.
 Files are written to a temporary name and renamed; there is no fsync: a file
-damaged by a crash fails its hash and counts as a miss. In-memory artifacts are
-never cached.
+damaged by a crash fails its hash and counts as a miss. Objects of DIRECT_WRITE_BYTES
+or more (the weights) are written past the page cache (kiln.driver.direct_write).
+In-memory artifacts are never cached.
 
 Size: at most `$KILN_CACHE_MAX` bytes (default 2G; "500M", "2G", "1.5G", plain
 bytes; "0" = no limit). When a store goes over it, the least recently used
@@ -97,6 +98,7 @@ from kiln.artifact.schema import (
 )
 from kiln.artifact.segments import content_parts
 from kiln.codegen import kernel_cache
+from kiln.driver.direct_write import write_direct
 from kiln.errors import FormatError, UnsafePathError
 
 # 3 (2026-11-23): an entry records its key ("key"), checked on lookup.
@@ -105,6 +107,10 @@ CACHE_FORMAT = 3
 LAYOUT = "v2"
 ENTRY_FORMAT = "kiln.cache-entry"
 DEFAULT_MAX_BYTES = 2 << 30
+# Objects at least this large (a model's weights) are written past the page cache: a
+# later build reads them back at most, and a cold compile's fresh page-cache pages for
+# them cost more CPU than the copy (kiln.driver.direct_write). Tests lower it.
+DIRECT_WRITE_BYTES = 16 << 20
 # Objects this young are never collected: another process may be storing an
 # entry that uses them.
 _GRACE_SECONDS = 60.0
@@ -319,17 +325,25 @@ def _check_trusted(st: os.stat_result, path: Path, what: str) -> None:
         raise _Unsafe(problem)
 
 
-def _write_atomic(path: Path, parts: Iterable[Any]) -> None:
-    """Write `parts` to a temporary file next to `path` (mode 0600) and rename it there.
+def _write_atomic(path: Path, parts: Iterable[Any], size: int = 0) -> None:
+    """Write `parts` to a temporary file next to `path` (mode 0600) and rename it there;
+    past the page cache (kiln.driver.direct_write) when `size`, their length, is at
+    least DIRECT_WRITE_BYTES.
 
     No fsync: every read checks the hash, so a torn file is only a miss.
     """
     path.parent.mkdir(mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            for part in parts:
-                f.write(part)
+        if size >= DIRECT_WRITE_BYTES:
+            try:
+                write_direct(fd, parts)
+            finally:
+                os.close(fd)
+        else:
+            with os.fdopen(fd, "wb") as f:
+                for part in parts:
+                    f.write(part)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -383,7 +397,7 @@ def store_object_async(name: str, size: int,
 
     def write() -> None:
         try:
-            _write_atomic(target, parts)
+            _write_atomic(target, parts, size)
         except (OSError, ValueError):
             STATS.errors += 1
 
@@ -498,7 +512,7 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
             name, chunks = _object_name(a)
             target = object_path(name)
             if not target.is_file() or target.stat().st_size != a.size:
-                _write_atomic(target, content_parts(a.content))
+                _write_atomic(target, content_parts(a.content), a.size)
             else:
                 os.utime(target)  # keeps it out of the grace-period collection race
             items.append({"codegen_id": a.codegen_id, "loader": a.loader,

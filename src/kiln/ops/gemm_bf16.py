@@ -75,6 +75,10 @@ def pack_b_bf16(b: np.ndarray, nr: int) -> np.ndarray:
     k, n = b.shape
     panels, kp = -(-n // nr), padded_k(k)
     out = np.empty((panels, kp // 2, nr), dtype=np.uint32)
+    if b.T.flags.c_contiguous and not b.flags.c_contiguous:
+        _pack_columns(b.T, out)
+        out.flags.writeable = False
+        return out.view(np.int32)
     # K in steps of whole pair blocks, each rounded and paired while in the cache
     step = max(1, ROUND_BLOCK // (panels * nr)) * PAIR_BLOCK
     for r0 in range(0, kp, step):
@@ -87,6 +91,26 @@ def pack_b_bf16(b: np.ndarray, nr: int) -> np.ndarray:
         out[:, r0 // 2:r1 // 2] = words.reshape(-1, panels, nr).transpose(1, 0, 2)
     out.flags.writeable = False
     return out.view(np.int32)
+
+
+def _pack_columns(bt: np.ndarray, out: np.ndarray) -> None:
+    """`pack_b_bf16` of `bt.T` into `out`, for a B given as its transpose `bt` `[N][K]`
+    (a Gemm's `transB` weight, row-major): each panel's `nr` rows of `bt` are contiguous,
+    where `B`'s rows would be gathered column by column across the whole weight."""
+    n, k = bt.shape
+    panels, words, nr = out.shape
+    kp = 2 * words
+    step = max(1, ROUND_BLOCK // (nr * PAIR_BLOCK)) * PAIR_BLOCK
+    for p in range(panels):
+        n0, n1 = p * nr, min(p * nr + nr, n)
+        for r0 in range(0, kp, step):
+            r1 = min(r0 + step, kp)
+            upper = np.zeros((nr, r1 - r0), dtype=np.float32)
+            if r0 < k:
+                upper[:n1 - n0, :min(r1, k) - r0] = bf16_round(bt[n0:n1, r0:r1])
+            bits = upper.view(np.uint32).reshape(nr, -1, 2, PAIR_STRIDE)
+            pairs = (bits[:, :, 0] >> 16) | bits[:, :, 1]  # [nr][blocks][stride]
+            out[p, r0 // 2:r1 // 2] = pairs.reshape(nr, -1).T
 
 
 def unpack_b_bf16(bp: np.ndarray, k: int, n: int) -> np.ndarray:

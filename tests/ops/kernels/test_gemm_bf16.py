@@ -112,6 +112,8 @@ def test_pack_round_trips_the_rounded_weights(monkeypatch: Any) -> None:
     packed = pack_b_bf16(w.T.copy().T, 32)  # B as a Gemm's transposed weight
     assert packed.shape == (3, 32, 32) and packed.dtype == np.int32
     assert not packed.flags.writeable  # a graph constant takes it without a copy
+    # packed panel by panel from the transpose's rows: the words of B's row-major path
+    np.testing.assert_array_equal(packed, pack_b_bf16(w, 32))
     back = unpack_b_bf16(packed, 45, 70)
     assert np.isnan(back[0, 0]) and back[1, 1] == 1.0
     np.testing.assert_array_equal(back[2:], bf16_round(w)[2:])
