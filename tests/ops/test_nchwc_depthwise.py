@@ -13,6 +13,7 @@ pipeline on llvm and c, run here and in a fresh process with 2 threads.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import kernel_checks
@@ -24,7 +25,15 @@ from onnx import TensorProto, helper, numpy_helper
 import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
-from kiln.kernels.conv.nchwc import pointwise_body_isa, pointwise_kernel, pointwise_tile
+from kiln.kernels.conv.blocked import Tiling
+from kiln.kernels.conv.nchwc import (
+    pointwise_body_isa,
+    pointwise_k_blocking,
+    pointwise_kernel,
+    pointwise_tile,
+    three_vector_tile,
+)
+from kiln.ops.conv_geometry import ConvShape
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.registry import parse_passes
@@ -139,6 +148,7 @@ def test_pointwise_tiles_on_32_registers() -> None:
                                                    " -mcpu=neoverse-n1"))) is None
 
 
+
 def test_an_input_read_by_a_region_and_an_activation() -> None:
     # `x` is reordered for the convolution; the Relu reading `x` alone belongs to no
     # region and stays NCHW (the pass once failed on it)
@@ -211,6 +221,23 @@ def test_pointwise_kernel_on_16_registers_of_8_lanes() -> None:
     assert pointwise_body_isa(isa_for(Target("llvm -mcpu=znver4")))
     assert pointwise_body_isa(isa_for(Target("llvm -mcpu=haswell")))
     assert not pointwise_body_isa(isa_for(Target("llvm -mcpu=nehalem")))
+    avx2 = isa_for(Target("llvm -mcpu=znver3"))
+    # 3 vectors x 4 positions where tiles of three waste at most 5% of the vectors
+    for channels in (24, 96, 144, 160, 320, 1280):
+        assert three_vector_tile(channels, avx2) == (24, 4), channels
+    # two vectors, 12.5% wasted (64: 9 for 8), a partial block: the blocked rule's tile
+    for channels in (16, 32, 64, 44):
+        assert three_vector_tile(channels, avx2) is None, channels
+    for spec in ("llvm -mcpu=znver4", "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1"):
+        assert three_vector_tile(96, isa_for(Target(spec))) is None
+    # K-blocked only where a tile's weights reach a quarter of the L2 (512 KB): 2048
+    # input channels (196 KB), not 960 (92 KB; the 16-channel tile's small-image rule
+    # blocks those)
+    wide, narrow = Tiling(24, 4), Tiling(16, 6)
+    layer = ConvShape(1, 960, 7, 7, 320, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
+    assert pointwise_k_blocking(layer, wide, avx2, 8) is None
+    assert pointwise_k_blocking(layer, narrow, avx2, 8) is not None
+    assert pointwise_k_blocking(replace(layer, c_in=2048), wide, avx2, 8) is not None
 
 
 def _pointwise_model() -> onnx.ModelProto:
@@ -218,9 +245,11 @@ def _pointwise_model() -> onnx.ModelProto:
     channels 21 (two whole blocks of 8 and 5 lanes) and 44, outputs 44 (a padded last
     block), 21 (the tile's second vector past the last block) and 16; 9x7 = 63
     positions (a last tile with slots past the end; 7 columns: too few for the
-    row-tiled kernel); a bias, ReLU, Clip and a residual Add in the epilogues; the last
-    a stride-2 1x1 layer (5x4 positions read in place) of 512 input channels, whose 32
-    KB of weights per tile's channels K-block its sums (`pointwise_k_blocking`)."""
+    row-tiled kernel); a bias, ReLU, Clip and a residual Add in the epilogues; 21 > 512
+    on AVX2's three-vector tiles (`three_vector_tile`, its last tile two vectors past
+    the channels, summed position by position); the last a stride-2 1x1 layer (5x4
+    positions read in place) of 512 input channels, whose 32 KB of weights per tile's
+    channels K-block its sums (`pointwise_k_blocking`)."""
     b = GraphBuilder(seed=11)
     x = b.input("x", [1, 21, 9, 7])
     a = b.op("Relu", b.conv(x, 21, 44, 1))

@@ -31,13 +31,16 @@ class PointwiseSchedule:
     `build`): the register tile `tiling` (`cb` the packed weight's channel tile);
     `fused` multiply-adds (the ISA's FMA); `block`, the activations' NCHW{block}c block;
     `kblock`, the K-blocking of the sums (whole blocks per segment; None: unblocked);
-    `unrolled`, whether a block's lanes are unrolled (else a loop)."""
+    `unrolled`, whether a block's lanes are unrolled (else a loop); `by_position`,
+    whether a lane's multiply-adds run position by position (each input value then
+    feeds every weight vector) rather than weight vector by vector."""
 
     tiling: Tiling
     fused: bool
     block: int
     kblock: ConvKBlocking | None = None
     unrolled: bool = True
+    by_position: bool = False
 
 
 def pointwise_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
@@ -159,6 +162,18 @@ def _sums(nest: _Pointwise, acc: Buffer, n: PrimExpr, ob: PrimExpr, rows: list[P
                        *(Store(acc, madd(acc[_c(r), v], xs[r], wv, fused), (_c(r), v))
                          for r in range(tile_w)))
 
+        def position(r: int) -> Stmt:
+            def vector(v: PrimExpr) -> Stmt:
+                w = wp[_c(0), ob, cib * block + lane, _c(0), _c(0), v]
+                return Store(acc, madd(acc[_c(r), v], xs[r], w, fused), (_c(r), v))
+
+            return seq(lets[r], lanes_loop("v", cb, vector))
+
+        if nest.schedule.by_position:
+            # all weight vectors live, one broadcast at a time: 3 x 4 accumulators, 3
+            # weight vectors and a broadcast are AVX2's 16 registers (weight vector by
+            # vector, LLVM loads the four broadcasts first and spills one)
+            return seq(*(position(r) for r in range(tile_w)))
         return seq(*lets, lanes_loop("v", cb, step))
 
     def channels(cib: PrimExpr, lanes: int) -> Stmt:
