@@ -250,22 +250,20 @@ def _preactivation_model() -> Any:
     """A DenseNet-like block: each 1x1 layer reads BatchNorm + ReLU (per-channel Mul and
     Add, `[C][1][1]` and `[1][C][1][1]` constants) of the concat of earlier outputs; the
     two 1x1 layers to 128 channels (two channel tiles, a DenseNet bottleneck's) read 32
-    and 64."""
+    and 64, each followed by a 3x3 layer to 32 channels."""
     b = GraphBuilder()
     x = b.input("x", ("N", 16, 4, 54))
     feats = [b.op("Conv", x, b.const(_weight(32, 16, 1, 1)))]
-    for i, shape in enumerate([(32, 1, 1), (1, 64, 1, 1)]):
+    for shape in [(32, 1, 1), (1, 64, 1, 1)]:
         cat = feats[0] if len(feats) == 1 else b.op("Concat", *feats, axis=1)
         scale = RNG.uniform(0.5, 1.5, shape).astype(np.float32)
         shift = RNG.uniform(-0.5, 0.5, shape).astype(np.float32)
         y = b.op("Relu", b.op("Add", b.op("Mul", cat, b.const(scale)), b.const(shift)))
         y = b.op("Relu", b.op("Conv", y, b.const(_weight(128, shape[-3], 1, 1))))
-        if i:
-            b.node("Identity", [y], ["out"])
-        else:
-            # 144 taps over rows of 54: a row-tiled layer on float32 (SqueezeNet's)
-            feats.append(b.op("Conv", y, b.const(_weight(32, 128, 3, 3)), pads=[1, 1, 1, 1]))
-    b.output("out", ("N", 128, 4, 54))
+        # 144 taps over rows of 54: a row-tiled layer on float32 (SqueezeNet's)
+        feats.append(b.op("Conv", y, b.const(_weight(32, 128, 3, 3)), pads=[1, 1, 1, 1]))
+    b.node("Identity", [feats[-1]], ["out"])
+    b.output("out", ("N", 32, 4, 54))
     return b.model()
 
 
@@ -282,16 +280,17 @@ def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
     float32, too: left NCHW it would split the region); the output matches float32
     onnxruntime at batch 2 (the batch symbolic: the constant scale is shared). The two
     1x1 layers to 128 channels share one kernel, which takes their input's channel blocks
-    and their weight's word rows at run time (`run_time_width`)."""
+    and their weight's word rows at run time (`run_time_width`) and stores the 3x3
+    layers' words (kiln.transform.bf16_words)."""
     ex, model = preactivation
     kernels = {name: f for name, f in ex.ir.prim_funcs().items()
                if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc_bf16"}
     assert len(kernels) == 3
-    shared = [f for f in kernels.values() if f.attrs.get(ATTR_ARG_DIMS)]
-    assert len(shared) == 1 and shared[0].attrs[ATTR_ARG_DIMS] == (
-        (WIDTH_NAME, 0, 1), (WORDS_NAME, 1, 1))
+    shared = [name for name, f in kernels.items() if f.attrs.get(ATTR_ARG_DIMS)]
+    assert len(shared) == 1 and kernels[shared[0]].attrs[ATTR_ARG_DIMS] == (
+        (WIDTH_NAME, 0, 1), (WORDS_NAME, 1, 1)) and "bf16_words" in shared[0]
     calls = ex.ir.script()
-    assert sum(calls.count(f'"{name}", [') for name in kernels) == 4
+    assert sum(calls.count(f'"{name}", [') for name in kernels) == 5
     assert sum(name.startswith("layout_transform") for name in ex.ir.functions) == 2
     assert sum("channel_scale_nchwc_add_relu" in name for name in ex.ir.functions) == 2
     x = RNG.standard_normal((2, 16, 4, 54)).astype(np.float32)
@@ -299,3 +298,45 @@ def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
     got = np.asarray(ex["main"](x))
     assert got.shape == want.shape
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL
+
+
+def _words_model() -> Any:
+    """A bottleneck twice over the same weights: a 1x1 layer and ReLU, a 3x3 layer with
+    pads (1, 0, 2, 1) and ReLU, a 1x1 layer. In the first, each value between layers is
+    read by the next layer only: each layer stores the next one's words
+    (kiln.transform.bf16_words: into its border, then as one row of positions); in the
+    second each is also a result, so stays float32 and each layer converts it."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 64, 6, 7))
+    w1, b1, w2, b2, w3 = (b.const(_weight(64, 64, 1, 1)), b.const(_weight(64)),
+                          b.const(_weight(64, 64, 3, 3)), b.const(_weight(64)),
+                          b.const(_weight(64, 64, 1, 1)))
+    for k, name in enumerate(("words", "floats")):
+        y = b.op("Relu", b.op("Conv", x, w1, b1))
+        z = b.op("Relu", b.op("Conv", y, w2, b2, pads=[1, 0, 2, 1]))
+        b.node("Conv", [z, w3], [name])
+        b.output(name, (1, 64, 7, 6))
+        if k:
+            b.node("Identity", [y], ["y"])
+            b.node("Identity", [z], ["z"])
+            b.output("y", (1, 64, 6, 7))
+            b.output("z", (1, 64, 7, 6))
+    return b.model()
+
+
+def test_stored_words_match_converted_input() -> None:
+    """A layer reading the words its producer stored gives the outputs of one converting
+    its float32 input itself, bit for bit (the same rounding), and float32 onnxruntime's
+    within the bfloat16 tolerance; the two word-storing kernels replace the conversion."""
+    model = _words_model()
+    ex = kiln.compile(from_onnx(model), _bf16_host())
+    assert sum("bf16_words" in name for name in ex.ir.functions) == 2
+    converting = [name for name, f in ex.ir.prim_funcs().items()
+                  if any(isinstance(s, t.Allocate) and s.buffer.name == "xbf16"
+                         for s in iter_stmts(f.body))]
+    assert len(converting) == 1, converting  # the second bottleneck's 3x3 layer
+    x = RNG.standard_normal((1, 64, 6, 7)).astype(np.float32)
+    words, floats = (np.asarray(v) for v in ex["main"](x)[:2])
+    np.testing.assert_array_equal(words, floats)
+    want = onnxruntime_outputs(model, {"x": x})[0]
+    assert np.linalg.norm(words - want) / np.linalg.norm(want) <= TOL
