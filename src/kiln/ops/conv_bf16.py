@@ -27,7 +27,7 @@ row, not the channel pairs' 2 x 7.
 With the attribute `words_input` (WORDS_INPUT: the input image's `(h, w)`), `x` is
 instead the input already in the kernel's words: the int32 `[n][P][rows][cols][b]` of
 `bf16_words` (below), `rows` and `cols` the input's plus the layer's pads, or
-`[n][P][h * w][b]` for an unpadded 1x1 layer at stride 1 (`flat_words`), which the
+`[n][P][h * w][b]` for an unpadded 1x1 layer (`flat_words`), which the
 producing layer stored (kiln.transform.bf16_words): the kernel reads them as its own
 converted workspace.
 
@@ -165,10 +165,10 @@ def conv_blocks(x: Sequence[Any], attrs: Attrs) -> tuple[int, int]:
     return int(x[-1]), int(x[-1])  # NCHW{b}c, or its words (`WORDS_INPUT`)
 
 
-def flat_words(kernel: Sequence[int], strides: Sequence[int], pads: Sequence[int]) -> bool:
-    """Whether a layer's words are one row of positions per pair of blocks: a 1x1 layer
-    at stride 1, unpadded (its tiles then read their positions at constant distances)."""
-    return tuple(kernel) == (1, 1) and tuple(strides) == (1, 1) and not any(pads)
+def flat_words(kernel: Sequence[int], pads: Sequence[int]) -> bool:
+    """Whether a layer's words are one row of positions per pair of blocks: an unpadded
+    1x1 layer (at stride 1 its tiles then read their positions at constant distances)."""
+    return tuple(kernel) == (1, 1) and not any(pads)
 
 
 def words_shape(x: Sequence[Any], pads: Sequence[int], flat: bool) -> tuple[Any, ...]:

@@ -1,36 +1,40 @@
-"""bfloat16 words between convolutions: a producer stores its consumer's words.
+"""bfloat16 words between convolutions: a producer stores its consumers' words.
 
 Each `conv2d_nchwc_bf16` converts its float32 NCHW{b}c input into a workspace of int32
 words of bfloat16 pairs before its tiles (kiln.kernels.conv.bf16, `converted_input`):
 it reads the float32 activations and writes half their bytes as words, every layer.
-Where a value is a bfloat16 convolution's output, seen through unary elementwise ops
-(its ReLU), each read once, and its one reader is a bfloat16 convolution that would
-convert it into its own workspace, the value's words are computed instead (`bf16_words`,
-kiln.ops.conv_bf16, under the consumer's pads) and the consumer reads them in place
+Where a value is a bfloat16 convolution's output, seen through the elementwise ops that
+FuseOps joins to it (its ReLU, a residual add: each the binding right after the one it
+reads, which nothing else reads), and every reader of the value is a bfloat16
+convolution that would convert it into a workspace of the same layout (the same pads),
+the value's words are computed instead (`bf16_words`, kiln.ops.conv_bf16, under those
+pads; one row of positions for unpadded 1x1 readers) and the readers take them in place
 (attribute `words_input`). FuseOps then joins `bf16_words` to the producer's group
 (`words_tail`): the producer's tiles round their outputs, after the epilogue in
 float32, straight into the words (kiln.kernels.conv.bf16_words), and the float32 tensor
-and the conversion pass are gone. The words are the ones the consumer's conversion
+and the conversion passes are gone. The words are the ones each reader's conversion
 would write, so the outputs are the same bit for bit.
 
-Taken where the consumer's workspace is whole pairs of blocks of the value (an even
-count of 16-lane blocks, paired lane by lane: `word_block`), not subsampled (a strided
-unpadded 1x1 layer converts only the positions it reads) and not a region's first
-layer; and where the producer's channel tile covers whole pairs of blocks. ResNet's
-bottlenecks: the 1x1 -> 3x3 and 3x3 -> 1x1 edges (the block's output also feeds the
-residual add: it stays float32); VGG's 3x3 chains.
+Taken where the readers' words are whole pairs of blocks of the value (an even count of
+16-lane blocks, paired lane by lane: `word_block`) and not a region's first layer, and
+where the producer's channel tile covers whole pairs of blocks. A strided unpadded 1x1
+reader (which converted only the positions it reads) reads every other stored word.
+ResNet's bottlenecks: the 1x1 -> 3x3 and 3x3 -> 1x1 edges, and a stage's first block
+input (read by its 1x1 layer and its strided 1x1 shortcut); a block output that also
+feeds the next residual add stays float32.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import cast
 
 from kiln.ir import graph as g
 from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.types import TensorType
 from kiln.kernels.tiles import tile_lanes
-from kiln.ops import call
+from kiln.ops import call, get_op
 from kiln.ops.conv_bf16 import (
     BF16_WORDS,
     CONV_BF16,
@@ -42,7 +46,9 @@ from kiln.ops.conv_bf16 import (
 )
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
 from kiln.target.isa import ISA
-from kiln.transform.concat_tails import unary_elementwise
+
+#: The patterns of the ops FuseOps joins to a convolution's group (its `FUSABLE_TAIL`).
+FUSED_TAIL = ("elemwise", "broadcast")
 
 
 def _blocked(t: object, block: int) -> bool:
@@ -58,12 +64,11 @@ def reads_words(conv: g.Call, block: int) -> bool:
     docstring)."""
     attrs = conv.attrs
     if not (conv.op == CONV_BF16 and _blocked(conv.args[0].type, block)
-            and not any(a in attrs for a in (NCHW_INPUT_BLOCK, ROW_TAPS, WORDS_INPUT))):
+            and not any(a in attrs for a in (NCHW_INPUT_BLOCK, ROW_TAPS, WORDS_INPUT))
+            and conv.args[0] not in conv.args[1:]):
         return False
-    shape = bf16_conv_shape([a.type for a in conv.args], attrs)
-    subsampled = ((shape.kh, shape.kw) == (1, 1) and shape.stride != (1, 1)
-                  and not any(shape.pads))
-    return word_block(shape.c_in, block) == block and shape.c_in % block == 0 and not subsampled
+    c_in = int(cast(int, attrs["c_in"]))
+    return word_block(c_in, block) == block and c_in % block == 0
 
 
 def stores_words(conv: g.Call, block: int) -> bool:
@@ -77,42 +82,59 @@ def stores_words(conv: g.Call, block: int) -> bool:
             and isinstance(channels, int) and channels % (2 * block) == 0)
 
 
+def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
+              returned: set[int], block: int) -> bool:
+    """Whether binding `k`'s value is a bfloat16 convolution's that may store words,
+    through elementwise ops at its shape (its ReLU, a residual add), each the binding
+    right after the one it reads and read only by it: FuseOps' group of the convolution
+    (kiln.transform.fuse_ops), whose kernel then stores the words."""
+    at = bindings[k].value
+    while isinstance(at, g.Call) and at.op != CONV_BF16:
+        prev = bindings[k - 1] if k else None
+        if not (prev is not None and at.ret_type == prev.var.type
+                and get_op(at.op).pattern in FUSED_TAIL and prev.var in at.args
+                and uses[prev.var] == 1 and id(prev.var) not in returned):
+            return False
+        k, at = k - 1, prev.value
+    return isinstance(at, g.Call) and stores_words(at, block)
+
+
 def store_words(fn: g.Function, isa: ISA) -> g.Function:
     """`fn` with the words of each value that qualifies (module docstring) computed after
-    it and read by its consumer in its place."""
+    it and read by its consumers in its place."""
     block = tile_lanes(isa)
     if isa.precision != "bf16" or block != 16:
         return fn  # the bfloat16 NCHWc kernel runs on AVX-512 only
     uses: Counter[g.Var] = var_use_counts(fn)
     results = fn.result.fields if isinstance(fn.result, g.Tuple) else (fn.result,)
-    # the bindings whose value one call reads and the function does not return
-    once = {id(b.var): b for b in fn.bindings if uses[b.var] == 1}
-    for r in results:
-        once.pop(id(r), None)
-
-    def read_once(x: g.Expr) -> g.Binding | None:
-        return once.get(id(x))
-
+    returned = {id(r) for r in results}
+    readers: dict[int, list[g.Binding]] = {}
+    for b in fn.bindings:
+        if isinstance(b.value, g.Call):
+            for a in set(b.value.args):
+                readers.setdefault(id(a), []).append(b)
     after: dict[int, g.Binding] = {}     # id(value var) -> its words' binding
     replaced: dict[int, g.Binding] = {}  # id(consumer var) -> the consumer reading words
-    for b in fn.bindings:
-        conv = b.value
-        if not (isinstance(conv, g.Call) and reads_words(conv, block)):
+    for k, b in enumerate(fn.bindings):
+        convs = readers.get(id(b.var), [])
+        if not (convs and len(convs) == uses[b.var] and id(b.var) not in returned
+                and all(reads_words(cast(g.Call, c.value), block) for c in convs)
+                and _producer(fn.bindings, k, uses, returned, block)):
             continue
-        value = at = read_once(conv.args[0])
-        while at is not None and unary_elementwise(at.value):
-            at = read_once(cast(g.Call, at.value).args[0])
-        if value is None or at is None or not (isinstance(at.value, g.Call)
-                                               and stores_words(at.value, block)):
-            continue
-        shape = bf16_conv_shape([a.type for a in conv.args], conv.attrs)
-        flat = flat_words((shape.kh, shape.kw), shape.stride, shape.pads)
-        words = call(BF16_WORDS, value.var, pads=shape.pads, flat=flat)
-        var = g.Var(f"{value.var.name}_words", words.ret_type)
-        after[id(value.var)] = g.Binding(var, words)
-        replaced[id(b.var)] = g.Binding(b.var, call(
-            CONV_BF16, var, *conv.args[1:], **dict(conv.attrs),
-            **{WORDS_INPUT: (shape.h, shape.w)}))
+        shapes = [bf16_conv_shape([a.type for a in cast(g.Call, c.value).args],
+                                  cast(g.Call, c.value).attrs) for c in convs]
+        layouts = {(s.pads, flat_words((s.kh, s.kw), s.pads)) for s in shapes}
+        if len(layouts) != 1:
+            continue  # the consumers want different borders
+        ((pads, flat),) = layouts
+        words = call(BF16_WORDS, b.var, pads=pads, flat=flat)
+        var = g.Var(f"{b.var.name}_words", words.ret_type)
+        after[id(b.var)] = g.Binding(var, words)
+        for c, shape in zip(convs, shapes, strict=True):
+            conv = cast(g.Call, c.value)
+            replaced[id(c.var)] = g.Binding(c.var, call(
+                CONV_BF16, var, *conv.args[1:], **dict(conv.attrs),
+                **{WORDS_INPUT: (shape.h, shape.w)}))
     if not replaced:
         return fn
     bindings: list[g.Binding] = []

@@ -27,8 +27,8 @@ concatenation of a stride-2 unit) is first moved onto the concat's inputs, each 
 after its producer, where it joins the producer's group (kiln.transform.concat_tails).
 A channel shuffle of a grouped 1x1 convolution on the bfloat16 nest becomes that
 convolution's stores (kiln.transform.channel_shuffles). A bfloat16 convolution's output
-read by one bfloat16 convolution only is stored as that consumer's words (its
-`bf16_words` joins the group: kiln.transform.bf16_words).
+read only by bfloat16 convolutions is stored as their words (its `bf16_words` joins
+the group: kiln.transform.bf16_words).
 
 A group holds at most `max_group` ops (default `MAX_FUSED_OPS`): the fused
 kernel's expression nests one level per op, so the cap keeps every expression

@@ -186,13 +186,14 @@ def test_every_layer_runs_in_bfloat16(built: Any) -> None:
                            for s in iter_stmts(f.body))]
     assert len(prefetching) == 1, prefetching
     # four 1x1 stride-1 layers of one channel tile convert their input in their tiles,
-    # three layers read the words their producer stored (the 1x1 layer to 24 channels
-    # and two of `_bottlenecks`'), the others convert into a workspace first
+    # four layers read the words their producer stored (the 3x3 layer to 256 channels,
+    # the 1x1 layer to 24 and two of `_bottlenecks`'), the others convert into a
+    # workspace first
     staged = [name for name, f in ex.ir.prim_funcs().items()
               if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc_bf16"
               and not any(isinstance(s, t.Allocate) and s.buffer.name == "xbf16"
                           for s in iter_stmts(f.body))]
-    assert len(staged) == 7, staged
+    assert len(staged) == 8, staged
     # the 7x7 layer's weight: 3 channels x 7 rows x 4 words of column pairs (`row_taps`)
     assert any(isinstance(p, t.Buffer) and tuple(p.shape)[1:4] == (3, 7, 4)
                for f in ex.ir.prim_funcs().values() for p in f.params)
@@ -330,10 +331,11 @@ def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
 def test_stored_words_match_converted_input(built: Any) -> None:
     """A layer reading the words its producer stored gives the outputs of one converting
     its float32 input itself, bit for bit (the same rounding; both match float32
-    onnxruntime: `test_bf16_conv_matches_float32`). Three kernels store words: the
-    256-channel 3x3 layer's for the 1x1 layer to 24, and the first bottleneck's two."""
+    onnxruntime: `test_bf16_conv_matches_float32`). Four kernels store words: the 3x3
+    layer to 64 channels with its residual add (for the 3x3 layer to 256), that layer's
+    (for the 1x1 layer to 24), and the first bottleneck's two."""
     ex, _ = built
-    assert sum("bf16_words" in name for name in ex.ir.functions) == 3
+    assert sum("bf16_words" in name for name in ex.ir.functions) == 4
     r = RNG.standard_normal((1, 32, 6, 7)).astype(np.float32)
     inputs = [np.zeros((1, 3, 13, 11), np.float32), np.zeros((1, 20, 9), np.float32),
               np.zeros((1, 111, 7, 7), np.float32), r]

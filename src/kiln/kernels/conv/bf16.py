@@ -483,8 +483,9 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
     def word(r: int, p: PrimExpr, kh: PrimExpr, kw: PrimExpr, j: PrimExpr) -> PrimExpr:
         if layer.words is not None:  # the tile's stage
             return layer.xb[p, _c(r), j]
-        if layer.xb.ndim == 4:  # a flat workspace
-            return layer.xb[n, p, positions[r], j]
+        if layer.xb.ndim == 4:  # a flat workspace (strided: a 1x1 layer's stored words)
+            at = positions[r] if (sh, sw) == (1, 1) else rows[r] * sh * shape.w + cols[r] * sw
+            return layer.xb[n, p, at, j]
         return layer.xb[n, p, rows[r] * sh + kh * dh, cols[r] * sw + kw * dw, j]
 
     def step(p: PrimExpr, j: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
