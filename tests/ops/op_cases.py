@@ -56,6 +56,15 @@ def bf16_exact(*shape: int) -> Gen:
     return lambda rng: (rng.integers(-8, 8, shape) / 4).astype(np.float32)
 
 
+def bf16_exact_words(*shape: int) -> Gen:
+    """int32 words of two `bf16_exact` values each (the input of a `words_input` bfloat16
+    convolution)."""
+    def gen(rng: np.random.Generator) -> np.ndarray:
+        bits = bf16_exact(*shape, 2)(rng).view(np.uint32)
+        return ((bits[..., 0] >> 16) | (bits[..., 1] & 0xFFFF0000)).view(np.int32)
+    return gen
+
+
 def bf16_panels(nr: int, k: int, n: int) -> Gen:
     """Random float32 weights [k, n] packed as matmul_packed_bf16's panels of `nr`."""
     from kiln.ops.gemm_bf16 import pack_b_bf16
@@ -293,7 +302,20 @@ CASES: dict[str, list[OpCase]] = {
                           OpCase((bf16_exact(1, 3, 4, 5), bf16_row_taps_weight(8, 5, 3, 5, 5)),
                                  {"channels": 5, "c_in": 3, "block": 4, "row_taps": 5,
                                   "pads": (2, 1, 2, 3), "strides": (1, 2)},
+                                 rtol=1e-5, atol=1e-5),
+                          # 8 channels of 4x6 as the words its producer stored: a border
+                          # of (1, 1, 2, 1), and one row of positions for a 1x1 layer
+                          OpCase((bf16_exact_words(1, 1, 7, 8, 4),
+                                  bf16_conv_weight(8, 4, 5, 8, 3, 3), f32(5)),
+                                 {"channels": 5, "c_in": 8, "pads": (1, 1, 2, 1),
+                                  "words_input": (4, 6)}, rtol=1e-5, atol=1e-5),
+                          OpCase((bf16_exact_words(2, 1, 12, 4),
+                                  bf16_conv_weight(4, 4, 3, 8, 1, 1)),
+                                 {"channels": 3, "c_in": 8, "words_input": (3, 4)},
                                  rtol=1e-5, atol=1e-5)],
+    # a border of (1, 0, 2, 1) around 3x5 positions; one row of 3x4 positions
+    "bf16_words": [OpCase((f32(1, 4, 3, 5, 4),), {"pads": (1, 0, 2, 1)}),
+                   OpCase((f32(2, 2, 3, 4, 4),), {"pads": (0, 0, 0, 0), "flat": True})],
     "conv2d_nchwc": [OpCase((f32(1, 1, 5, 6, 4), f32(1, 1, 3, 3, 3, 8), f32(5)),
                             {"channels": 5, "pads": (1, 1, 1, 1)}),
                      OpCase((f32(2, 2, 6, 5, 4), f32(1, 1, 6, 1, 1, 4)),

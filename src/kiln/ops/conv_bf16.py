@@ -24,6 +24,19 @@ pairing columns `2m` and `2m + 1` (the last one with zero), which read input col
 `dw` apart: ResNet's 7x7 layer on 3 channels does 3 x 4 products of pairs per kernel
 row, not the channel pairs' 2 x 7.
 
+With the attribute `words_input` (WORDS_INPUT: the input image's `(h, w)`), `x` is
+instead the input already in the kernel's words: the int32 `[n][P][rows][cols][b]` of
+`bf16_words` (below), `rows` and `cols` the input's plus the layer's pads, or
+`[n][P][h * w][b]` for an unpadded 1x1 layer (`flat_words`), which the
+producing layer stored (kiln.transform.bf16_words): the kernel reads them as its own
+converted workspace.
+
+`bf16_words(x)` (attributes `pads`: top, left, bottom, right, and `flat`) turns a
+float32 NCHW{b}c tensor of an even count of blocks into those words: word
+`(n, p, i, j, v)` pairs lane `v` of blocks `2p` (low half) and `2p + 1` at position
+`(i - top, j - left)` (words of two zeros in the border), each value rounded to nearest,
+ties to even; `flat` (no pads) numbers the positions `i * w + j`.
+
 The reference rounds the input to bfloat16 as the kernel does (kiln.kernels.conv.bf16)
 and sums in float32; the te compute (the fallback where the kernel is not built) reads
 the rounded weights and the float32 input. Half the bytes of the float32 weights.
@@ -31,15 +44,17 @@ the rounded weights and the float32 input. Half the bytes of the float32 weights
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from kiln.errors import IRError
-from kiln.ir.tensor import Const, PrimExpr, as_expr, min_, reinterpret, select
+from kiln.ir.tensor import BF16_PAIR, Const, Intrin, PrimExpr, as_expr, min_, reinterpret, select
 from kiln.ir.types import TensorType, Type
-from kiln.ops import layout, te
+from kiln.ops import layout, spatial, te
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
 from kiln.ops.conv_geometry import ConvShape, conv_shape
 from kiln.ops.gemm_bf16 import bf16_round
@@ -48,6 +63,12 @@ from kiln.ops.packed_attrs import recorded_tile
 from kiln.ops.registry import register_op
 
 CONV_BF16 = "conv2d_nchwc_bf16"
+#: The attribute of a call whose input is already its words (`bf16_words`).
+WORDS_INPUT = "words_input"
+BF16_WORDS = "bf16_words"
+#: The float32 tensor each `bf16_words` compute rounds and its pads, by its result
+#: (`words_source`).
+_WORD_SOURCES: weakref.WeakKeyDictionary[te.Tensor, WordsSource] = weakref.WeakKeyDictionary()
 #: The attribute of an NCHW first layer whose words pair the taps of a kernel row: `kw`.
 ROW_TAPS = "row_taps"
 Attrs = Mapping[str, Any]
@@ -141,12 +162,47 @@ def conv_blocks(x: Sequence[Any], attrs: Attrs) -> tuple[int, int]:
     an NCHW input."""
     if len(x) == 4 and NCHW_INPUT_BLOCK in attrs:
         return 1, int(attrs[NCHW_INPUT_BLOCK])
-    return int(x[4]), int(x[4])
+    return int(x[-1]), int(x[-1])  # NCHW{b}c, or its words (`WORDS_INPUT`)
+
+
+def flat_words(kernel: Sequence[int], pads: Sequence[int]) -> bool:
+    """Whether a layer's words are one row of positions per pair of blocks: an unpadded
+    1x1 layer (at stride 1 its tiles then read their positions at constant distances)."""
+    return tuple(kernel) == (1, 1) and not any(pads)
+
+
+def words_shape(x: Sequence[Any], pads: Sequence[int], flat: bool) -> tuple[Any, ...]:
+    """The shape of `bf16_words` of a float32 NCHW{b}c tensor of shape `x` under `pads`
+    (top, left, bottom, right), `flat` or not."""
+    if flat:
+        return (x[0], x[1] // 2, x[2] * x[3], x[4])
+    top, left, bottom, right = pads
+    return (x[0], x[1] // 2, x[2] + top + bottom, x[3] + left + right, x[4])
+
+
+def _words_source_shape(x: tuple[Any, ...], dtype: str, attrs: Attrs) -> tuple[Any, ...]:
+    """The float32 NCHW{b}c shape of the tensor whose `bf16_words` (under the call's pads)
+    a `WORDS_INPUT` call reads as its input `x` (checked)."""
+    ci = int(attrs["c_in"])
+    h, w = (int(d) for d in attrs[WORDS_INPUT])
+    begins, ends = spatial.pads(attrs, 2)
+    b = int(x[-1])
+    source = (x[0], 2 * int(x[1]), h, w, b)
+    if (dtype != "int32" or NCHW_INPUT_BLOCK in attrs or ROW_TAPS in attrs
+            or word_block(ci, b) != b or x[1] != pair_blocks(ci, b)
+            or tuple(x) != words_shape(source, (*begins, *ends), len(x) == 4)):
+        raise IRError(f"{CONV_BF16}: a {WORDS_INPUT} input must be int32 [n][P][rows][cols]"
+                      f"[b] (or [n][P][rows * cols][b]) of whole pairs of blocks holding {ci} "
+                      f"channels of {h}x{w} under the pads, got {dtype} {x}")
+    return source
 
 
 def bf16_conv_shape(types: Sequence[Any], attrs: Attrs) -> ConvShape:
     """The (NCHW) geometry of a `conv2d_nchwc_bf16` call on `types` (checked)."""
     x = tuple(types[0].shape)
+    dtype = types[0].dtype
+    if attrs.get(WORDS_INPUT):
+        x, dtype = _words_source_shape(x, dtype, attrs), "float32"
     wp = tuple(int(d) for d in types[1].shape)
     co, ci = int(attrs["channels"]), int(attrs["c_in"])
     nchw = len(x) == 4 and NCHW_INPUT_BLOCK in attrs
@@ -156,10 +212,10 @@ def bf16_conv_shape(types: Sequence[Any], attrs: Attrs) -> ConvShape:
     if taps and not nchw:
         raise IRError(f"{CONV_BF16}: attribute {ROW_TAPS} needs an NCHW input (attribute "
                       f"{NCHW_INPUT_BLOCK}), got {x}")
-    if not a or int(x[1]) != -(-ci // a) or types[0].dtype != "float32":
+    if not a or int(x[1]) != -(-ci // a) or dtype != "float32":
         raise IRError(f"{CONV_BF16}: input must be float32 NCHW<b>c (or NCHW with attribute "
                       f"{NCHW_INPUT_BLOCK}=b) holding {ci} channels, "
-                      f"got {types[0].dtype} {x}")
+                      f"got {dtype} {x}")
     words = pair_blocks(ci, word_block(ci, a)) * word_block(ci, a) if a else 0
     if taps:  # `pack_row_taps`: one word row per channel
         words = ci
@@ -180,13 +236,13 @@ def bf16_conv_shape(types: Sequence[Any], attrs: Attrs) -> ConvShape:
 
 def _conv_attrs(attrs: Attrs) -> dict[str, Any]:
     return {k: v for k, v in attrs.items()
-            if k not in ("channels", "c_in", "tile", NCHW_INPUT_BLOCK, ROW_TAPS)}
+            if k not in ("channels", "c_in", "tile", NCHW_INPUT_BLOCK, ROW_TAPS, WORDS_INPUT)}
 
 
 def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     s = bf16_conv_shape(types, attrs)
     x = types[0]
-    nchw = TensorType((x.shape[0], s.c_in, x.shape[2], x.shape[3]), "float32")
+    nchw = TensorType((x.shape[0], s.c_in, s.h, s.w), "float32")
     out = conv_infer([nchw, TensorType((s.c_out, s.c_in, s.kh, s.kw), "float32"),
                       *types[2:]], _conv_attrs(attrs))
     assert isinstance(out, TensorType)
@@ -199,9 +255,19 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     x, wp = inputs[0], inputs[1]
     a, b = conv_blocks(x.shape, attrs)
     cb, a = int(wp.shape[4]), word_block(s.c_in, a)
-    plain = x if len(x.shape) == 4 else te.compute(
-        (x.shape[0], s.c_in, x.shape[2], x.shape[3]),
-        lambda n, c, h, w: x[n, c // b, h, w, c % b], "float32", "x_nchw")
+    if attrs.get(WORDS_INPUT):
+        top, left = s.pads[:2]
+        def at(n: PrimExpr, c: PrimExpr, h: PrimExpr, w: PrimExpr) -> PrimExpr:
+            if len(x.shape) == 4:
+                return x[n, c // (2 * b), h * s.w + w, c % b]
+            return x[n, c // (2 * b), h + top, w + left, c % b]
+
+        plain = te.compute((x.shape[0], s.c_in, s.h, s.w), lambda n, c, h, w: word_half(
+            at(n, c, h, w), (c // b) % 2 >= 1), "float32", "x_nchw")
+    else:
+        plain = x if len(x.shape) == 4 else te.compute(
+            (x.shape[0], s.c_in, x.shape[2], x.shape[3]),
+            lambda n, c, h, w: x[n, c // b, h, w, c % b], "float32", "x_nchw")
 
     taps = int(attrs.get(ROW_TAPS, 0))
 
@@ -211,8 +277,7 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         else:
             word = wp[o // cb, (i // (2 * a)) * a + i % a, kh, kw, o % cb]
             high = i % (2 * a) >= a
-        bits = select(high, word & Const(-0x10000, "int32"), word << Const(16, "int32"))
-        return reinterpret(bits, "float32")
+        return word_half(word, high)
 
     w = te.compute((s.c_out, s.c_in, s.kh, s.kw), weight, "float32", "weight")
     out = conv_compute([plain, w, *inputs[2:]], _conv_attrs(attrs))
@@ -226,9 +291,18 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     return te.compute(layout.block_shape(out.shape, b), blocked, "float32", "conv_bf16")
 
 
+def word_half(word: PrimExpr, high: PrimExpr) -> PrimExpr:
+    """The bfloat16 value in the low (`high` false) or high half of the int32 `word`, as
+    float32."""
+    bits = select(high, word & Const(-0x10000, "int32"), word << Const(16, "int32"))
+    return reinterpret(bits, "float32")
+
+
 def _ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
          **attrs: Any) -> np.ndarray:
     ci = int(attrs["c_in"])
+    if attrs.get(WORDS_INPUT):
+        x = words_values(x, attrs)
     a, block = conv_blocks(x.shape, attrs)
     plain = bf16_round(x if x.ndim == 4 else layout.from_blocked(x, ci))
     w = unpack_conv_weight(wp, attrs, a)
@@ -236,3 +310,86 @@ def _ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
 
 
 register_op(CONV_BF16, pattern="anchor", infer=_infer, compute=_compute, reference=_ref)
+
+
+def words_values(words: np.ndarray, attrs: Attrs) -> np.ndarray:
+    """The float32 NCHW{b}c values (bfloat16) a `WORDS_INPUT` call reads from `words`
+    (the border cut off under the call's pads)."""
+    begins, ends = spatial.pads(attrs, 2)
+    if words.ndim == 4:
+        words = words.reshape(*words.shape[:2], *attrs[WORDS_INPUT], words.shape[3])
+    n, pairs, rows, cols = words.shape[:4]
+    inner = words[:, :, begins[0]:rows - ends[0], begins[1]:cols - ends[1]]
+    bits = np.ascontiguousarray(inner).view(np.uint32)
+    halves = np.stack([bits << 16, bits & 0xFFFF0000], axis=2)  # [n][P][2][h][w][b]
+    return halves.reshape(n, 2 * pairs, *halves.shape[3:]).view(np.float32)
+
+
+@dataclass(frozen=True)
+class WordsSource:
+    """What a `bf16_words` compute rounds: the float32 NCHW{b}c `tensor`, into a border of
+    `pads` (top, left, bottom, right)."""
+
+    tensor: te.Tensor
+    pads: tuple[int, int, int, int]
+    flat: bool
+
+
+def words_source(words: te.Tensor) -> WordsSource | None:
+    """What the `bf16_words` compute `words` rounds, or None where `words` is no such
+    compute (a kernel storing words takes the tensor as its epilogue's result)."""
+    return _WORD_SOURCES.get(words)
+
+
+def _words_pads(attrs: Attrs) -> tuple[int, int, int, int]:
+    top, left, bottom, right = (int(p) for p in attrs["pads"])
+    return top, left, bottom, right
+
+
+def _words_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x = types[0]
+    if (x.ndim != 5 or x.dtype != "float32" or not isinstance(x.shape[1], int)
+            or x.shape[1] % 2):
+        raise IRError(f"{BF16_WORDS}: input must be float32 NCHW<b>c of an even count of "
+                      f"blocks, got {x.dtype} {x.shape}")
+    return TensorType(words_shape(x.shape, _words_pads(attrs), bool(attrs.get("flat"))),
+                      "int32")
+
+
+def _words_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    x = inputs[0]
+    top, left = _words_pads(attrs)[:2]
+    h, w = x.shape[2], x.shape[3]
+    zero = as_expr(0.0, "float32")
+
+    def word(n: PrimExpr, p: PrimExpr, i: PrimExpr, j: PrimExpr, v: PrimExpr) -> PrimExpr:
+        r, c = i - top, j - left
+        inside = (r >= 0) & (r < h) & (c >= 0) & (c < w)
+        rc, cc = te.clamp_index(r, h), te.clamp_index(c, w)
+        lo, hi = x[n, 2 * p, rc, cc, v], x[n, 2 * p + 1, rc, cc, v]
+        return Intrin(BF16_PAIR, (select(inside, lo, zero), select(inside, hi, zero)))
+
+    def flat_word(n: PrimExpr, p: PrimExpr, k: PrimExpr, v: PrimExpr) -> PrimExpr:
+        r, c = k // w, k % w
+        return Intrin(BF16_PAIR, (x[n, 2 * p, r, c, v], x[n, 2 * p + 1, r, c, v]))
+
+    flat, pads = bool(attrs.get("flat")), _words_pads(attrs)
+    out = te.compute(words_shape(x.shape, pads, flat), flat_word if flat else word, "int32",
+                     BF16_WORDS)
+    _WORD_SOURCES[out] = WordsSource(x, pads, flat)
+    return out
+
+
+def _words_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
+    top, left, bottom, right = _words_pads(attrs)
+    n, blocks, h, w, b = x.shape
+    bits = bf16_round(x).view(np.uint32).reshape(n, blocks // 2, 2, h, w, b)
+    words = (bits[:, :, 0] >> 16) | (bits[:, :, 1] & 0xFFFF0000)
+    out = np.zeros(words_shape(x.shape, (top, left, bottom, right), False), np.uint32)
+    out[:, :, top:top + h, left:left + w] = words
+    flat = words_shape(x.shape, (0, 0, 0, 0), True)
+    return out.view(np.int32).reshape(flat) if attrs.get("flat") else out.view(np.int32)
+
+
+register_op(BF16_WORDS, pattern="injective", infer=_words_infer, compute=_words_compute,
+            reference=_words_ref)

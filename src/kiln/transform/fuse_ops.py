@@ -26,7 +26,9 @@ A unary elementwise op whose only operand is a concat (ShuffleNet's ReLU after t
 concatenation of a stride-2 unit) is first moved onto the concat's inputs, each right
 after its producer, where it joins the producer's group (kiln.transform.concat_tails).
 A channel shuffle of a grouped 1x1 convolution on the bfloat16 nest becomes that
-convolution's stores (kiln.transform.channel_shuffles).
+convolution's stores (kiln.transform.channel_shuffles). A bfloat16 convolution's output
+read only by bfloat16 convolutions is stored as their words (its `bf16_words` joins
+the group: kiln.transform.bf16_words).
 
 A group holds at most `max_group` ops (default `MAX_FUSED_OPS`): the fused
 kernel's expression nests one level per op, so the cap keeps every expression
@@ -51,6 +53,7 @@ from kiln.kernels import specialisation
 from kiln.kernels.lowering import lowering_for
 from kiln.ops import get_op, te
 from kiln.target.isa import ISA
+from kiln.transform.bf16_words import store_words, words_tail
 from kiln.transform.channel_shuffles import fold_shuffles, shuffled_stores
 from kiln.transform.concat_tails import move_onto_concat_inputs
 from kiln.transform.kernel_isa import kernel_isa
@@ -93,6 +96,7 @@ def _pattern(op: str) -> str | None:
 def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[Any, str],
                    max_group: int, isa: ISA) -> g.Function:
     fn = fold_shuffles(move_onto_concat_inputs(fn), shuffled_stores(isa))
+    fn = store_words(fn, isa)
     groups = _groups(fn.bindings, var_use_counts(fn), max_group, _concat_pieces(fn))
     if not any(len(grp) > 1 for grp in groups):
         return fn
@@ -122,7 +126,7 @@ def _groups(bindings: tuple[g.Binding, ...], uses: Counter[g.Var],
         grp = [bindings[i]]
         while i + len(grp) < len(bindings) and len(grp) < max_group:
             nxt = bindings[i + len(grp)].value
-            if not (_extends(grp, nxt) or (
+            if not (_extends(grp, nxt) or words_tail(grp, nxt) or (
                     isinstance(nxt, g.Call) and _fuses_producers(nxt.op)
                     and _feeds_row_op(grp, nxt, uses))):
                 break

@@ -26,6 +26,8 @@ A second input runs Whisper's front: two Conv1d layers
 (the second strided) each with an exact GELU, a region of two layers and two reorders;
 a third one of ShuffleNet's grouped 1x1 layers and its channel shuffle
 (`conv2d_group_gemm` in bfloat16, stored shuffled: kiln.kernels.conv.grouped_bf16).
+A fourth input runs a bottleneck twice (`_bottlenecks`): once with each layer storing the
+next one's bfloat16 words (kiln.transform.bf16_words), once converting float32 values.
 The host must have AVX512-BF16 (the test machine, an AMD EPYC Zen 5, has it); elsewhere
 the run test skips.
 """
@@ -63,7 +65,7 @@ from support.reference import onnxruntime_outputs
 
 RNG = np.random.default_rng(63)
 TOL = 1e-2  # against float32 (see the module docstring)
-CONVS = 10
+CONVS = 16
 
 
 def _weight(*shape: int) -> np.ndarray:
@@ -108,7 +110,29 @@ def _model() -> Any:
     y = b.op("Reshape", y, b.const(np.array([1, 111, 7, 7], np.int64)))
     b.node("Add", [y, g], ["g_out"])
     b.output("g_out", (1, 111, 7, 7))
+    _bottlenecks(b)
     return b.model()
+
+
+def _bottlenecks(b: GraphBuilder) -> None:
+    """A bottleneck twice over the same weights: a 1x1 layer and ReLU, a 3x3 layer with
+    pads (1, 0, 2, 1) and ReLU, a 1x1 layer. In the first (output `words`) each value
+    between layers is read by the next layer only: each layer stores the next one's words
+    (kiln.transform.bf16_words: into its border, then as one row of positions); in the
+    second (`floats`) each is also a result, so stays float32 and is converted by the
+    layer reading it."""
+    x = b.input("r", (1, 32, 6, 7))
+    w1, b1, w2, b2, w3 = (b.const(_weight(32, 32, 1, 1)), b.const(_weight(32)),
+                          b.const(_weight(32, 32, 3, 3)), b.const(_weight(32)),
+                          b.const(_weight(32, 32, 1, 1)))
+    for name in ("words", "floats"):
+        y = b.op("Relu", b.op("Conv", x, w1, b1))
+        z = b.op("Relu", b.op("Conv", y, w2, b2, pads=[1, 0, 2, 1]))
+        b.node("Conv", [z, w3], [name])
+        b.output(name, (1, 32, 7, 6))
+    for value, name, shape in ((y, "y", (1, 32, 6, 7)), (z, "z", (1, 32, 7, 6))):
+        b.node("Identity", [value], [name])
+        b.output(name, shape)
 
 
 def _gelu(b: GraphBuilder, y: str) -> str:
@@ -137,7 +161,8 @@ def test_bf16_conv_matches_float32(built: Any, batch: int) -> None:
     ex, model = built
     feeds = {"x": RNG.standard_normal((batch, 3, 13, 11)).astype(np.float32),
              "a": RNG.standard_normal((batch, 20, 9)).astype(np.float32),
-             "g": RNG.standard_normal((1, 111, 7, 7)).astype(np.float32)}
+             "g": RNG.standard_normal((1, 111, 7, 7)).astype(np.float32),
+             "r": RNG.standard_normal((1, 32, 6, 7)).astype(np.float32)}
     for want, got in zip(onnxruntime_outputs(model, feeds), ex["main"](*feeds.values()),
                          strict=True):
         assert got.shape == want.shape
@@ -160,13 +185,15 @@ def test_every_layer_runs_in_bfloat16(built: Any) -> None:
                            and s.value.name == t.PREFETCH_INTRINSIC
                            for s in iter_stmts(f.body))]
     assert len(prefetching) == 1, prefetching
-    # the two 1x1 stride-1 layers of one channel tile convert their input in their
-    # tiles, the others into a workspace first
+    # four 1x1 stride-1 layers of one channel tile convert their input in their tiles,
+    # four layers read the words their producer stored (the 3x3 layer to 256 channels,
+    # the 1x1 layer to 24 and two of `_bottlenecks`'), the others convert into a
+    # workspace first
     staged = [name for name, f in ex.ir.prim_funcs().items()
               if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc_bf16"
               and not any(isinstance(s, t.Allocate) and s.buffer.name == "xbf16"
                           for s in iter_stmts(f.body))]
-    assert len(staged) == 2, staged
+    assert len(staged) == 8, staged
     # the 7x7 layer's weight: 3 channels x 7 rows x 4 words of column pairs (`row_taps`)
     assert any(isinstance(p, t.Buffer) and tuple(p.shape)[1:4] == (3, 7, 4)
                for f in ex.ir.prim_funcs().values() for p in f.params)
@@ -250,22 +277,20 @@ def _preactivation_model() -> Any:
     """A DenseNet-like block: each 1x1 layer reads BatchNorm + ReLU (per-channel Mul and
     Add, `[C][1][1]` and `[1][C][1][1]` constants) of the concat of earlier outputs; the
     two 1x1 layers to 128 channels (two channel tiles, a DenseNet bottleneck's) read 32
-    and 64."""
+    and 64, each followed by a 3x3 layer to 32 channels."""
     b = GraphBuilder()
     x = b.input("x", ("N", 16, 4, 54))
     feats = [b.op("Conv", x, b.const(_weight(32, 16, 1, 1)))]
-    for i, shape in enumerate([(32, 1, 1), (1, 64, 1, 1)]):
+    for shape in [(32, 1, 1), (1, 64, 1, 1)]:
         cat = feats[0] if len(feats) == 1 else b.op("Concat", *feats, axis=1)
         scale = RNG.uniform(0.5, 1.5, shape).astype(np.float32)
         shift = RNG.uniform(-0.5, 0.5, shape).astype(np.float32)
         y = b.op("Relu", b.op("Add", b.op("Mul", cat, b.const(scale)), b.const(shift)))
         y = b.op("Relu", b.op("Conv", y, b.const(_weight(128, shape[-3], 1, 1))))
-        if i:
-            b.node("Identity", [y], ["out"])
-        else:
-            # 144 taps over rows of 54: a row-tiled layer on float32 (SqueezeNet's)
-            feats.append(b.op("Conv", y, b.const(_weight(32, 128, 3, 3)), pads=[1, 1, 1, 1]))
-    b.output("out", ("N", 128, 4, 54))
+        # 144 taps over rows of 54: a row-tiled layer on float32 (SqueezeNet's)
+        feats.append(b.op("Conv", y, b.const(_weight(32, 128, 3, 3)), pads=[1, 1, 1, 1]))
+    b.node("Identity", [feats[-1]], ["out"])
+    b.output("out", ("N", 32, 4, 54))
     return b.model()
 
 
@@ -282,16 +307,17 @@ def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
     float32, too: left NCHW it would split the region); the output matches float32
     onnxruntime at batch 2 (the batch symbolic: the constant scale is shared). The two
     1x1 layers to 128 channels share one kernel, which takes their input's channel blocks
-    and their weight's word rows at run time (`run_time_width`)."""
+    and their weight's word rows at run time (`run_time_width`) and stores the 3x3
+    layers' words (kiln.transform.bf16_words)."""
     ex, model = preactivation
     kernels = {name: f for name, f in ex.ir.prim_funcs().items()
                if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc_bf16"}
     assert len(kernels) == 3
-    shared = [f for f in kernels.values() if f.attrs.get(ATTR_ARG_DIMS)]
-    assert len(shared) == 1 and shared[0].attrs[ATTR_ARG_DIMS] == (
-        (WIDTH_NAME, 0, 1), (WORDS_NAME, 1, 1))
+    shared = [name for name, f in kernels.items() if f.attrs.get(ATTR_ARG_DIMS)]
+    assert len(shared) == 1 and kernels[shared[0]].attrs[ATTR_ARG_DIMS] == (
+        (WIDTH_NAME, 0, 1), (WORDS_NAME, 1, 1)) and "bf16_words" in shared[0]
     calls = ex.ir.script()
-    assert sum(calls.count(f'"{name}", [') for name in kernels) == 4
+    assert sum(calls.count(f'"{name}", [') for name in kernels) == 5
     assert sum(name.startswith("layout_transform") for name in ex.ir.functions) == 2
     assert sum("channel_scale_nchwc_add_relu" in name for name in ex.ir.functions) == 2
     x = RNG.standard_normal((2, 16, 4, 54)).astype(np.float32)
@@ -299,3 +325,20 @@ def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
     got = np.asarray(ex["main"](x))
     assert got.shape == want.shape
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL
+
+
+
+def test_stored_words_match_converted_input(built: Any) -> None:
+    """A layer reading the words its producer stored gives the outputs of one converting
+    its float32 input itself, bit for bit (the same rounding; both match float32
+    onnxruntime: `test_bf16_conv_matches_float32`). Four kernels store words: the 3x3
+    layer to 64 channels with its residual add (for the 3x3 layer to 256), that layer's
+    (for the 1x1 layer to 24), and the first bottleneck's two."""
+    ex, _ = built
+    assert sum("bf16_words" in name for name in ex.ir.functions) == 4
+    r = RNG.standard_normal((1, 32, 6, 7)).astype(np.float32)
+    inputs = [np.zeros((1, 3, 13, 11), np.float32), np.zeros((1, 20, 9), np.float32),
+              np.zeros((1, 111, 7, 7), np.float32), r]
+    words, floats = (np.asarray(v) for v in ex["main"](*inputs)[3:5])
+    np.testing.assert_array_equal(words, floats)
+    assert np.abs(words).max() > 0

@@ -24,6 +24,10 @@ projections) has no workspace: each tile converts its own positions' words into 
 on the stack and sums from it, which saves the workspace's write and read back and a
 parallel loop; no word is converted twice, as the tile is the only one to read them.
 
+A layer whose producer stored its words (attribute `words_input`, kiln.transform.
+bf16_words) reads them as that workspace, converting nothing; a producer storing them
+rounds its tiles' outputs into them after the epilogue (kiln.kernels.conv.bf16_words).
+
 A tile is `tile_w` consecutive output positions x `cb` output channels of accumulators
 held at constant rows (registers), as the float32 blocked kernel's
 (kiln.kernels.conv.blocked); per input word and kernel tap, one broadcast word per
@@ -75,6 +79,11 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType
+from kiln.kernels.conv.bf16_words import (
+    stored_words,
+    word_tile_stores,
+    zero_border,
+)
 from kiln.kernels.conv.blocked import blocked_tile_stores, choose_tiling
 from kiln.kernels.conv.direct import PREFETCH_MAX_POSITIONS, PREFETCH_WEIGHT_L2_SHARE
 from kiln.kernels.conv.family import blocked_bias
@@ -99,6 +108,7 @@ from kiln.ops import layout, te
 from kiln.ops.conv_bf16 import (
     CONV_BF16,
     ROW_TAPS,
+    WORDS_INPUT,
     bf16_conv_shape,
     conv_blocks,
     pack_conv_bf16,
@@ -106,6 +116,8 @@ from kiln.ops.conv_bf16 import (
     pair_blocks,
     row_taps_pay,
     word_block,
+    words_shape,
+    words_source,
 )
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK, unpack_blocked_weight
 from kiln.ops.conv_geometry import ConvShape, conv_shape
@@ -169,6 +181,9 @@ class _Layer:
     #: positions into `xb`, its stage `[P][tile_w][b]` (`stages_input`); None: `xb` is
     #: the workspace `converted_input` fills.
     words: Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr] | None = None
+    #: The border (top, left, bottom, right) of the consumers' words the tiles store
+    #: (`word_tile_stores`); None: float32 NCHW{b}c stores.
+    word_pads: tuple[int, int, int, int] | None = None
 
     @property
     def pairs(self) -> Any:
@@ -352,7 +367,8 @@ def bf16_conv_body(layer: _Layer) -> Stmt:
     """The parallel tiles over (image, channel tile, tile of positions)."""
     tiles = parallel_tiles((layer.shape.n, layer.blocks, layer.tiles),
                            lambda n, ob, t: _tile(layer, n, ob, t))
-    return tiles if layer.pf is None else seq(*layer.pf.decls, tiles)
+    border = [] if layer.word_pads is None else zero_border(layer.out, layer.word_pads)
+    return seq(*border, tiles) if layer.pf is None else seq(*border, *layer.pf.decls, tiles)
 
 
 def prefetches_bf16_weights(shape: ConvShape, cb: int, words: int, isa: ISA) -> bool:
@@ -467,8 +483,9 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
     def word(r: int, p: PrimExpr, kh: PrimExpr, kw: PrimExpr, j: PrimExpr) -> PrimExpr:
         if layer.words is not None:  # the tile's stage
             return layer.xb[p, _c(r), j]
-        if layer.xb.ndim == 4:  # a flat workspace
-            return layer.xb[n, p, positions[r], j]
+        if layer.xb.ndim == 4:  # a flat workspace (strided: a 1x1 layer's stored words)
+            at = positions[r] if (sh, sw) == (1, 1) else rows[r] * sh * shape.w + cols[r] * sw
+            return layer.xb[n, p, at, j]
         return layer.xb[n, p, rows[r] * sh + kh * dh, cols[r] * sw + kw * dw, j]
 
     def step(p: PrimExpr, j: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
@@ -495,9 +512,13 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
     real = [t * tile_w + r < layer.positions if last + r >= layer.positions else None
             for r in range(tile_w)]
     out_block = layer.block
-    stores = blocked_tile_stores(layer.out, stage, layer.epilogue, n, ob, rows, cols, real,
-                                 out_block, layer.c_out, layer.blocks,
-                                 -(-layer.c_out // out_block))
+    if layer.word_pads is not None:
+        stores = word_tile_stores(layer.out, stage, layer.epilogue, n, ob, rows, cols, real,
+                                  out_block, layer.word_pads, shape.out_w)
+    else:
+        stores = blocked_tile_stores(layer.out, stage, layer.epilogue, n, ob, rows, cols,
+                                     real, out_block, layer.c_out, layer.blocks,
+                                     -(-layer.c_out // out_block))
     return seq(*head, sums, Allocate(stage), copy, *stores)
 
 
@@ -549,9 +570,18 @@ class NchwcBf16(Family):
         cb = int(wp.shape[4])
         tile = recorded_tile(attrs, 2, self.op) or bf16_tile(shape, isa)
         conv_out = layout.block_shape((shape.n, shape.c_out, shape.out_h, shape.out_w), block)
+        source = words_source(result) if result is not None else None
+        word_pads = None
+        if source is not None:  # the consumers' words (kiln.transform.bf16_words)
+            if cb % (2 * block) or shape.c_out % (2 * block):
+                return None
+            word_pads = source.pads
+            result = None if source.tensor is anchor else source.tensor
         store = fused_store(params, anchor, result, conv_out)
         if store is None:
             return None
+        out = store.out if source is None else Buffer(
+            "out", words_shape(conv_out, source.pads, source.flat), "int32")
         epilogue = store.epilogue
         if len(args) > 2:
             epilogue = blocked_bias(epilogue, store.buffers[args[2]], block)
@@ -569,7 +599,11 @@ class NchwcBf16(Family):
 
         def body(shape: ConvShape, x_buf: Buffer, w_buf: Buffer) -> Stmt:
             reader = None
-            if attrs.get(ROW_TAPS):
+            prologue: list[Stmt]
+            if attrs.get(WORDS_INPUT):  # stored by its producer: the workspace
+                xb, inner = stored_words(x_buf, shape)
+                prologue, width = [], lanes
+            elif attrs.get(ROW_TAPS):
                 xb, inner, prologue = row_tap_input(x_buf, shape)
                 width = word_block(inner.c_in, in_block)
             elif staged:
@@ -580,12 +614,13 @@ class NchwcBf16(Family):
                 xb, inner, prologue = converted_input(x_buf, shape, in_block, lanes, isa)
                 width = lanes
             pf = WeightPrefetch(w_buf, int(np.prod(words[1:]))) if prefetch else None
-            layer = _Layer(inner, xb, w_buf, store.out, epilogue, width, block, cb,
-                           tile_w, shape.c_out, pf, reader)
+            layer = _Layer(inner, xb, w_buf, out, epilogue, width, block, cb,
+                           tile_w, shape.c_out, pf, reader, word_pads)
             return seq(*prologue, bf16_conv_body(layer))
 
         stmt = None
-        if not staged and run_time_width(shape, in_block, len(x.shape), prefetch):
+        if (not staged and not attrs.get(WORDS_INPUT)
+              and run_time_width(shape, in_block, len(x.shape), prefetch)):
             blocks, rows = Var(WIDTH_NAME, INDEX_DTYPE), Var(WORDS_NAME, INDEX_DTYPE)
             wide_x = Buffer(x_buf.name, (x_buf.shape[0], blocks, *x_buf.shape[2:]),
                             x_buf.dtype, x_buf.scope)
@@ -600,7 +635,7 @@ class NchwcBf16(Family):
                 fattrs[ATTR_ARG_DIMS] = ((WIDTH_NAME, xs, 1), (WORDS_NAME, ws, 1))
         if stmt is None:
             stmt = body(shape, x_buf, w_buf)
-        return PrimFunc((*buffers, store.out), stmt, fattrs)
+        return PrimFunc((*buffers, out), stmt, fattrs)
 
     def width_key(self, call: g.Call, isa: ISA) -> Hashable | None:
         """What a kernel of `call` over a run-time channel count (`run_time_width`) is
@@ -621,7 +656,7 @@ class NchwcBf16(Family):
         prefetch = prefetches_bf16_weights(shape, words[4], int(np.prod(words)), isa)
         tile = recorded_tile(call.attrs, 2, self.op) or bf16_tile(shape, isa)
         tile_w = min(tile[1], shape.out_h * shape.out_w)
-        if (not run_time_width(shape, in_block, x.ndim, prefetch)
+        if (call.attrs.get(WORDS_INPUT) or not run_time_width(shape, in_block, x.ndim, prefetch)
                 or stages_input(shape, words[4], tile_w, words[1], prefetch, isa)):
             return None
         return (replace(shape, c_in=0), in_block, block, words[4], tile)
@@ -649,7 +684,9 @@ class NchwcBf16Lowering:
                     attrs: Mapping[str, Any], anchor: te.Tensor | None,
                     result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
         """The kernel (see kiln.kernels.lowering.Lowering.lower_fused)."""
-        if not float32_operands(args[:1], result):
+        words = words_source(result) if result is not None else None
+        if not float32_operands([] if attrs.get(WORDS_INPUT) else args[:1],
+                                words.tensor if words is not None else result):
             return None
         return NCHWC_BF16.build(params, args, attrs, anchor, result, isa)
 

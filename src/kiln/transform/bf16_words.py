@@ -1,0 +1,154 @@
+"""bfloat16 words between convolutions: a producer stores its consumers' words.
+
+Each `conv2d_nchwc_bf16` converts its float32 NCHW{b}c input into a workspace of int32
+words of bfloat16 pairs before its tiles (kiln.kernels.conv.bf16, `converted_input`):
+it reads the float32 activations and writes half their bytes as words, every layer.
+Where a value is a bfloat16 convolution's output, seen through the elementwise ops that
+FuseOps joins to it (its ReLU, a residual add: each the binding right after the one it
+reads, which nothing else reads), and every reader of the value is a bfloat16
+convolution that would convert it into a workspace of the same layout (the same pads),
+the value's words are computed instead (`bf16_words`, kiln.ops.conv_bf16, under those
+pads; one row of positions for unpadded 1x1 readers) and the readers take them in place
+(attribute `words_input`). FuseOps then joins `bf16_words` to the producer's group
+(`words_tail`): the producer's tiles round their outputs, after the epilogue in
+float32, straight into the words (kiln.kernels.conv.bf16_words), and the float32 tensor
+and the conversion passes are gone. The words are the ones each reader's conversion
+would write, so the outputs are the same bit for bit.
+
+Taken where the readers' words are whole pairs of blocks of the value (an even count of
+16-lane blocks, paired lane by lane: `word_block`) and not a region's first layer, and
+where the producer's channel tile covers whole pairs of blocks. A strided unpadded 1x1
+reader (which converted only the positions it reads) reads every other stored word.
+ResNet's bottlenecks: the 1x1 -> 3x3 and 3x3 -> 1x1 edges, and a stage's first block
+input (read by its 1x1 layer and its strided 1x1 shortcut); a block output that also
+feeds the next residual add stays float32.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import cast
+
+from kiln.ir import graph as g
+from kiln.ir.analysis.graph_uses import var_use_counts
+from kiln.ir.types import TensorType
+from kiln.kernels.tiles import tile_lanes
+from kiln.ops import call, get_op
+from kiln.ops.conv_bf16 import (
+    BF16_WORDS,
+    CONV_BF16,
+    ROW_TAPS,
+    WORDS_INPUT,
+    bf16_conv_shape,
+    flat_words,
+    word_block,
+)
+from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
+from kiln.target.isa import ISA
+
+#: The patterns of the ops FuseOps joins to a convolution's group (its `FUSABLE_TAIL`).
+FUSED_TAIL = ("elemwise", "broadcast")
+
+
+def _blocked(t: object, block: int) -> bool:
+    """Whether `t` is a float32 NCHW{block}c tensor of static sizes but the batch, of an
+    even count of blocks."""
+    return (isinstance(t, TensorType) and t.dtype == "float32" and t.ndim == 5
+            and all(isinstance(d, int) for d in t.shape[1:]) and t.shape[4] == block
+            and cast(int, t.shape[1]) % 2 == 0)
+
+
+def reads_words(conv: g.Call, block: int) -> bool:
+    """Whether the bfloat16 convolution `conv` may read its input as stored words (module
+    docstring)."""
+    attrs = conv.attrs
+    if not (conv.op == CONV_BF16 and _blocked(conv.args[0].type, block)
+            and not any(a in attrs for a in (NCHW_INPUT_BLOCK, ROW_TAPS, WORDS_INPUT))
+            and conv.args[0] not in conv.args[1:]):
+        return False
+    c_in = int(cast(int, attrs["c_in"]))
+    return word_block(c_in, block) == block and c_in % block == 0
+
+
+def stores_words(conv: g.Call, block: int) -> bool:
+    """Whether the bfloat16 convolution `conv` may store its output as words: its
+    channels and its channel tile are whole pairs of blocks."""
+    if not (conv.op == CONV_BF16 and _blocked(conv.ret_type, block)):
+        return False
+    weight, channels = conv.args[1].type, conv.attrs["channels"]
+    return (isinstance(weight, TensorType) and isinstance(weight.shape[4], int)
+            and weight.shape[4] % (2 * block) == 0
+            and isinstance(channels, int) and channels % (2 * block) == 0)
+
+
+def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
+              returned: set[int], block: int) -> bool:
+    """Whether binding `k`'s value is a bfloat16 convolution's that may store words,
+    through elementwise ops at its shape (its ReLU, a residual add), each the binding
+    right after the one it reads and read only by it: FuseOps' group of the convolution
+    (kiln.transform.fuse_ops), whose kernel then stores the words."""
+    at = bindings[k].value
+    while isinstance(at, g.Call) and at.op != CONV_BF16:
+        prev = bindings[k - 1] if k else None
+        if not (prev is not None and at.ret_type == prev.var.type
+                and get_op(at.op).pattern in FUSED_TAIL and prev.var in at.args
+                and uses[prev.var] == 1 and id(prev.var) not in returned):
+            return False
+        k, at = k - 1, prev.value
+    return isinstance(at, g.Call) and stores_words(at, block)
+
+
+def store_words(fn: g.Function, isa: ISA) -> g.Function:
+    """`fn` with the words of each value that qualifies (module docstring) computed after
+    it and read by its consumers in its place."""
+    block = tile_lanes(isa)
+    if isa.precision != "bf16" or block != 16:
+        return fn  # the bfloat16 NCHWc kernel runs on AVX-512 only
+    uses: Counter[g.Var] = var_use_counts(fn)
+    results = fn.result.fields if isinstance(fn.result, g.Tuple) else (fn.result,)
+    returned = {id(r) for r in results}
+    readers: dict[int, list[g.Binding]] = {}
+    for b in fn.bindings:
+        if isinstance(b.value, g.Call):
+            for a in set(b.value.args):
+                readers.setdefault(id(a), []).append(b)
+    after: dict[int, g.Binding] = {}     # id(value var) -> its words' binding
+    replaced: dict[int, g.Binding] = {}  # id(consumer var) -> the consumer reading words
+    for k, b in enumerate(fn.bindings):
+        convs = readers.get(id(b.var), [])
+        if not (convs and len(convs) == uses[b.var] and id(b.var) not in returned
+                and all(reads_words(cast(g.Call, c.value), block) for c in convs)
+                and _producer(fn.bindings, k, uses, returned, block)):
+            continue
+        shapes = [bf16_conv_shape([a.type for a in cast(g.Call, c.value).args],
+                                  cast(g.Call, c.value).attrs) for c in convs]
+        layouts = {(s.pads, flat_words((s.kh, s.kw), s.pads)) for s in shapes}
+        if len(layouts) != 1:
+            continue  # the consumers want different borders
+        ((pads, flat),) = layouts
+        words = call(BF16_WORDS, b.var, pads=pads, flat=flat)
+        var = g.Var(f"{b.var.name}_words", words.ret_type)
+        after[id(b.var)] = g.Binding(var, words)
+        for c, shape in zip(convs, shapes, strict=True):
+            conv = cast(g.Call, c.value)
+            replaced[id(c.var)] = g.Binding(c.var, call(
+                CONV_BF16, var, *conv.args[1:], **dict(conv.attrs),
+                **{WORDS_INPUT: (shape.h, shape.w)}))
+    if not replaced:
+        return fn
+    bindings: list[g.Binding] = []
+    for b in fn.bindings:
+        bindings.append(replaced.get(id(b.var), b))
+        if id(b.var) in after:
+            bindings.append(after[id(b.var)])
+    return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))
+
+
+def words_tail(group: list[g.Binding], value: g.Expr) -> bool:
+    """Whether `value` is the `bf16_words` of `group`'s last value and `group` a bfloat16
+    convolution's (the kernel stores the words: FuseOps joins it to the group)."""
+    first = group[0].value
+    return (isinstance(value, g.Call) and value.op == BF16_WORDS
+            and value.args[0] is group[-1].var
+            and isinstance(first, g.Call) and first.op == CONV_BF16)
