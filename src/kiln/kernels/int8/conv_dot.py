@@ -449,11 +449,12 @@ def on_im2col(s: ConvSchedule, grid: ImageGrid, ww: Buffer, out: Buffer, flat_ou
             words, as_expr(0, "int32"), (n, g, p)), start=s.positions)
         return seq(rows, tail)
 
-    # int16 pairs (twice the words of bytes) on the positions tile: the im2col is packed
-    # a block of whole output rows at a time, just before that block's column tiles
-    # read it (in the same thread: in cache, not evicted by the whole image's words)
+    # the positions tile off the output's grid: the im2col is packed a block of whole
+    # output rows at a time, just before that block's column tiles read it (in the same
+    # thread: in cache, not evicted by the whole image's words; ResNet-50's first layer
+    # has 1.8 MB of words), one hand-off to the pool instead of two
     block = block_rows(spatial, nr, s.groups) if (
-        s.group == qw.PAIR_GROUP and not tile.channels_as_lanes and not grid.in_grid) else 0
+        not tile.channels_as_lanes and not grid.in_grid) else 0
 
     def fill(n: PrimExpr, b: PrimExpr) -> Stmt:
         width = spatial[1]
@@ -481,13 +482,20 @@ def on_im2col(s: ConvSchedule, grid: ImageGrid, ww: Buffer, out: Buffer, flat_ou
 BLOCK_BYTES = 384 * 1024
 
 
+#: Blocks (`block_rows`) that split evenly over 2, 4 or 8 threads where the rows allow:
+#: 7 blocks of 16 rows (ResNet-50's 7 x 7/2 first layer, 112 rows) left one of two
+#: threads 4 blocks, the other 3.
+EVEN_BLOCKS = 8
+
+
 def block_rows(spatial: Sequence[int], nr: int, groups: int) -> int:
     """Output rows of a 2-D convolution's im2col block: whole column tiles (`nr`
     positions) that divide the image's rows evenly, as many as fit BLOCK_BYTES of
-    words and leave at least 4 blocks; 0 when no such block exists."""
+    words and leave at least EVEN_BLOCKS blocks, or else at least 4; 0 when no such
+    block exists."""
     if len(spatial) != 2:
         return 0
     rows, width = spatial
     fits = [r for r in range(1, rows + 1) if rows % r == 0 and r * width % nr == 0
             and rows // r >= 4 and r * width * groups * 4 <= BLOCK_BYTES]
-    return max(fits, default=0)
+    return max([r for r in fits if rows // r >= EVEN_BLOCKS] or fits, default=0)
