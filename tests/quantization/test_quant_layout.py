@@ -89,8 +89,9 @@ def _chain(signed: bool, batch: int = 1) -> onnx.ModelProto:
     """x [batch, 16, 28, 28] -> 3x3 -> 1x1 (+ a 1x1 shortcut) -> residual add -> 3x3/2
     and 1x1/2 -> add -> 3x3 dilated 2 -> 3x3/2 -> 1x1 -> max pool (NCHW) -> 1x1 -> output
     (NCHW): on AVX2 the positions tile at 28 x 28 (in place, an im2col of phase planes),
-    the channels tile at 14 x 14 and 7 x 7 (in place, strided too); on VNNI the 1x1
-    layers at 28 x 28 (784 positions, no whole tiles of 32) on an im2col of words."""
+    the channels tile at 14 x 14 and 7 x 7 (in place, strided ones at the stride); on
+    VNNI the 1x1 layers at 28 x 28 (784 positions, no whole tiles of 32 or 48) in place,
+    the last tile narrowed to one vector."""
     c = _Chain(signed)
     a = c.conv("x", 16, 16, 3)
     r = c.add(c.conv(a, 16, 32, 1), c.conv("x", 16, 32, 1))

@@ -14,9 +14,10 @@ Where the output positions fill the vectors badly (7 x 7 = 49 positions in 64 la
 tile is transposed (`choose_tile`): output channels are the lanes and output positions
 the rows (a broadcast input word each), as in a matrix product whose B is the weight,
 packed in panels of the tile's channels; the requantization takes its per-channel
-multiplier along the lanes. That tile's input words are packed at each output
-position's place in the padded input grid (`ImageGrid`), one contiguous loop per word
-group; a strided convolution reads its input split into phase planes
+multiplier along the lanes. That tile's input words are read at each output
+position's place in the padded input grid (`ImageGrid`), a strided convolution's at
+the stride (a broadcast word reads any place). The positions tile's im2col of a
+strided convolution reads its input split into phase planes
 (kiln.kernels.int8.conv_input.PhasePlanes), where its taps read contiguously as a
 stride-1 convolution's do.
 
@@ -209,6 +210,9 @@ class ConvSchedule:
     big: bool
     quads: bool
     planes: PhasePlanes
+    #: the grid's step from one output position to the next along each dimension: the
+    #: stride where the padded words are read at the stride, else 1 (planes or stride 1)
+    step: tuple[int, ...]
     lo: int
     hi: int
     row_epilogue: RowEpilogue
@@ -248,13 +252,17 @@ def conv_schedule(x: Buffer, ww: Buffer, bias: Buffer, multiplier: Buffer, y_zp:
     # 4 channels (`padded_words`), and the im2col copies whole words; an input in
     # words (WORDS_LAYOUT: `conv_dot_infer` checked its k order) is read as such
     quads = in_words or (by_tap and group == qw.GROUP and taps > 1 and ws[1] % group == 0)
-    if quads and tile.channels_as_lanes and rank == 2 and max(strides) == 1:
-        # (its words read in place, `channels_in_place`; strided ones' phase planes are
-        # not spread: that ran slower)
+    # the channels tile reads its words in place (`channels_in_place`), a broadcast word
+    # per output position wherever it lies: a strided one reads the padded words at the
+    # stride, with no copy into phase planes
+    at_stride = quads and tile.channels_as_lanes
+    if at_stride and rank == 2:
         grown = spread(grid_in, 1)
         ends = [e + s - g for e, s, g in zip(ends, grown, grid_in)]
         grid_in = list(grown)
-    planes = PhasePlanes.of(grid_in, ws, strides, dilations, spatial)
+    step = tuple(strides) if at_stride else (1,) * rank
+    planes = PhasePlanes.of(grid_in, ws, (1,) * rank if at_stride else strides, dilations,
+                            spatial)
     lo, hi = out_range(attrs, y_zp.dtype)
     # (strided ones on their phase planes ran slower in place than on the im2col)
     reads_in_place = quads and rank == 2 and ww.ndim == 2 and not planes.strided \
@@ -267,7 +275,8 @@ def conv_schedule(x: Buffer, ww: Buffer, bias: Buffer, multiplier: Buffer, y_zp:
         batch, oc_n, spatial, positions, taps, k_total, groups, by_tap,
         dot.dot_intrinsic(attrs), group, tile,
         worth_parallel(batch * positions * oc_n * k_total, "madd", isa, "int8"), quads,
-        planes, lo, hi, RowEpilogue(bias, multiplier, y_zp, lo, hi, narrows_by_packs(isa)),
+        planes, step, lo, hi,
+        RowEpilogue(bias, multiplier, y_zp, lo, hi, narrows_by_packs(isa)),
         reads_in_place, isa.lanes("int32"))
 
 
@@ -308,10 +317,12 @@ class ImageGrid:
 
     A strided convolution reads its input through phase planes (`PhasePlanes`): there
     output position o reads plane (c, phase of the tap) at o + the tap's offset, as a
-    stride-1 convolution reads its input. With stride 1 the planes are the input. Output
-    position o's words are then packed at o's place in the plane grid, q(o) = sum(o_j *
-    row_j): one loop over q reads every plane contiguously and vectorizes (the rows of a
-    7 x 7 or 14 x 14 image are too short to). The columns past the output's width get
+    stride-1 convolution reads its input. With stride 1 the planes are the input, and
+    so they are where the channels tile reads a strided convolution's padded words at
+    the stride (`step`, ConvSchedule.step). Output position o's words are then packed
+    at o's place in the plane grid, q(o) = sum(o_j * step_j * row_j): one loop over q
+    reads every plane contiguously and vectorizes (the rows of a 7 x 7 or 14 x 14 image
+    are too short to). The columns past the output's width get
     words too, unread: the channels tile reads a row's word at q(o); the positions tile
     only where q(o) = o (`in_grid`: the grid is the output's, as with a 1x1
     convolution, unpadded or strided). `padded`: the im2col's positions (the grid's,
@@ -324,6 +335,8 @@ class ImageGrid:
     padded: int
     #: the planes viewed flat, `[N][planes][grid positions]`
     view: Buffer
+    #: the grid positions from one output position to the next (ConvSchedule.step)
+    step: tuple[int, ...]
 
     @staticmethod
     def of(s: ConvSchedule, xp: Buffer) -> ImageGrid:
@@ -334,18 +347,22 @@ class ImageGrid:
         tile, nr = s.tile, s.tile.cols
         in_grid = tile.channels_as_lanes or grid[1:] == list(s.spatial[1:])
         if in_grid:
-            padded = sum((s.spatial[j] - 1) * row[j] for j in range(s.rank)) + 1
+            padded = sum((s.spatial[j] - 1) * s.step[j] * row[j] for j in range(s.rank)) + 1
             if not tile.channels_as_lanes:
                 padded = -(-s.positions // nr) * nr
         else:  # the output positions, padded to whole tiles (zero words past the last)
             padded = (-(-s.positions // tile.rows) * tile.rows if tile.channels_as_lanes
                       else -(-s.positions // nr) * nr)
         view = Buffer("x_grid", (s.batch, int(src.shape[1]), int(np.prod(grid))), src.dtype)
-        return ImageGrid(src, split, row, in_grid, padded, view)
+        return ImageGrid(src, split, row, in_grid, padded, view, s.step)
 
     def at(self, o: Sequence[PrimExpr], rank: int) -> PrimExpr:
         """Output position `o`'s place in the grid, q(o)."""
-        return sum((o[j] * self.row[j] for j in range(1, rank)), o[0] * self.row[0])
+        return self.tap([o[j] * self.step[j] for j in range(rank)], rank)
+
+    def tap(self, off: Sequence[PrimExpr], rank: int) -> PrimExpr:
+        """Where a tap at offsets `off` reads, relative to the output position's q(o)."""
+        return sum((off[j] * self.row[j] for j in range(1, rank)), off[0] * self.row[0])
 
 
 def channels_in_place(s: ConvSchedule, grid: ImageGrid, ww: Buffer, flat_out: Buffer,
@@ -356,7 +373,7 @@ def channels_in_place(s: ConvSchedule, grid: ImageGrid, ww: Buffer, flat_out: Bu
     def read(n: PrimExpr, t: PrimExpr, c4: PrimExpr, q: PrimExpr) -> PrimExpr:
         kk = te.unflatten_index(t, s.ws[2:])
         off = s.planes.offsets(kk)
-        return grid.view[n, s.planes.plane(c4, kk), q + grid.at(off, s.rank)]
+        return grid.view[n, s.planes.plane(c4, kk), q + grid.tap(off, s.rank)]
 
     return channel_tiles(InPlace(s.ws[1] // s.group, read), ww, flat_out, s.tile, requantized,
                          s.positions, s.oc_n, s.big, _word_at(s, grid), s.intrinsic,
@@ -432,11 +449,12 @@ def on_im2col(s: ConvSchedule, grid: ImageGrid, ww: Buffer, out: Buffer, flat_ou
             words, as_expr(0, "int32"), (n, g, p)), start=s.positions)
         return seq(rows, tail)
 
-    # int16 pairs (twice the words of bytes) on the positions tile: the im2col is packed
-    # a block of whole output rows at a time, just before that block's column tiles
-    # read it (in the same thread: in cache, not evicted by the whole image's words)
+    # the positions tile off the output's grid: the im2col is packed a block of whole
+    # output rows at a time, just before that block's column tiles read it (in the same
+    # thread: in cache, not evicted by the whole image's words; ResNet-50's first layer
+    # has 1.8 MB of words), one hand-off to the pool instead of two
     block = block_rows(spatial, nr, s.groups) if (
-        s.group == qw.PAIR_GROUP and not tile.channels_as_lanes and not grid.in_grid) else 0
+        not tile.channels_as_lanes and not grid.in_grid) else 0
 
     def fill(n: PrimExpr, b: PrimExpr) -> Stmt:
         width = spatial[1]
@@ -464,13 +482,20 @@ def on_im2col(s: ConvSchedule, grid: ImageGrid, ww: Buffer, out: Buffer, flat_ou
 BLOCK_BYTES = 384 * 1024
 
 
+#: Blocks (`block_rows`) that split evenly over 2, 4 or 8 threads where the rows allow:
+#: 7 blocks of 16 rows (ResNet-50's 7 x 7/2 first layer, 112 rows) left one of two
+#: threads 4 blocks, the other 3.
+EVEN_BLOCKS = 8
+
+
 def block_rows(spatial: Sequence[int], nr: int, groups: int) -> int:
     """Output rows of a 2-D convolution's im2col block: whole column tiles (`nr`
     positions) that divide the image's rows evenly, as many as fit BLOCK_BYTES of
-    words and leave at least 4 blocks; 0 when no such block exists."""
+    words and leave at least EVEN_BLOCKS blocks, or else at least 4; 0 when no such
+    block exists."""
     if len(spatial) != 2:
         return 0
     rows, width = spatial
     fits = [r for r in range(1, rows + 1) if rows % r == 0 and r * width % nr == 0
             and rows // r >= 4 and r * width * groups * 4 <= BLOCK_BYTES]
-    return max(fits, default=0)
+    return max([r for r in fits if rows // r >= EVEN_BLOCKS] or fits, default=0)

@@ -34,6 +34,16 @@ def in_place_width(x_shape: Sequence[int], begins: Sequence[int], ends: Sequence
     return int(x_shape[3]) + max(begins[1], ends[1])
 
 
+def in_place_cols(isa: ISA, extent: int) -> int:
+    """Columns of the in-place tile over `extent` grid positions: the widest positions
+    tile, or the width that leaves no partial tile where that one would (`dot.tile_cols_for`:
+    3136 positions of a 56 x 56 1x1 layer in tiles of 32, not 48), so that an unpadded
+    grid is the output's and its tiles store into it."""
+    nr = min(dot.position_tile_cols(isa), extent)
+    whole = dot.tile_cols_for(isa, extent)
+    return whole if extent % nr and not extent % whole else nr
+
+
 def in_place_pays(isa: ISA, spatial: Sequence[int], width: int) -> bool:
     """Whether a stride-1 convolution with output `spatial` on a grid `width` columns wide
     runs in place (`in_place`) rather than on an im2col of words. Not on a grid as wide
@@ -41,13 +51,12 @@ def in_place_pays(isa: ISA, spatial: Sequence[int], width: int) -> bool:
     positions in tiles of 32): in place it would compute into a grid of whole tiles and
     copy that into the output row by row, which costs more than its im2col, a copy of
     the input's words in one contiguous loop per word."""
-    nr = dot.position_tile_cols(isa)
-    grid = -(-spatial[0] * width // nr) * nr
+    lanes = isa.lanes("int32")
+    grid = dot.computed_cols(spatial[0] * width, in_place_cols(isa, spatial[0] * width), lanes)
     if width == spatial[1] and grid != spatial[0] * width:
         return False
     positions = int(np.prod(spatial))
-    im2col = dot.computed_cols(positions, dot.tile_cols_for(isa, positions),
-                               isa.lanes("int32"))
+    im2col = dot.computed_cols(positions, dot.tile_cols_for(isa, positions), lanes)
     return grid <= IN_PLACE_WASTE * im2col
 
 
@@ -75,9 +84,13 @@ def in_place(source: ConvInput, ww: Buffer, x_zp: Buffer, out: Buffer, out_words
     width = in_place_width(x_shape, begins, ends)
     shift = width - x_shape[3] - begins[1]
     # the widest tile: one vector broadcasts a weight word per accumulator and step
-    nr = min(dot.position_tile_cols(isa), rows_out * width)
+    nr = in_place_cols(isa, rows_out * width)
     tile = ConvTile(False, position_rows(isa, nr, oc_n, out_words), nr)
-    cols = -(-rows_out * width // nr) * nr
+    # the last column tile narrowed to the vectors its positions fill (`dot.tail_cols`):
+    # 784 positions of a 28 x 28 1x1 layer are 16 tiles of 48 and one of 16, the grid the
+    # output's
+    lanes = isa.lanes("int32")
+    cols = dot.computed_cols(rows_out * width, nr, lanes)
     reach = cols - 1 + (ws[2] - 1) * dilations[0] * width + (ws[3] - 1) * dilations[1] + shift
     below = max(int(ends[0]), reach // width + 1 - x_shape[2] - begins[0])
     xw, pad = padded_words(source, x_zp, (begins[0], width - x_shape[3]), (below, 0))
@@ -92,14 +105,14 @@ def in_place(source: ConvInput, ww: Buffer, x_zp: Buffer, out: Buffer, out_words
     if width == cols_out and cols == rows_out * cols_out:
         flat = flat_output(out, out_words, cols)
         tiles = position_tiles(InPlace(quarter, read), ww, flat, tile, epilogue, cols,
-                                oc_n, big, intrinsic, out_bytes=bytes_of)
+                                oc_n, big, intrinsic, out_bytes=bytes_of, lanes=lanes)
         return seq(pad, DeclBuffer(grid, xw, 0), DeclBuffer(flat, out, 0), tiles)
     # the output grid, then its rows without the padding columns
     rows_of = oc_n // qw.GROUP if out_words else oc_n
     dtype = "int32" if out_words else out.dtype
     out_grid = Buffer("out_grid", (batch, rows_of, cols), dtype, "global")
     tiles = position_tiles(InPlace(quarter, read), ww, out_grid, tile, epilogue, cols, oc_n,
-                            big, intrinsic, out_bytes=bytes_of)
+                            big, intrinsic, out_bytes=bytes_of, lanes=lanes)
     target = Buffer("out_rows", (batch, rows_of, rows_out, cols_out), dtype)
     compact = nest(("n", "oc", "o0", "o1"), (batch, rows_of, rows_out, cols_out),
                    lambda n, oc, o0, o1: Store(target, out_grid[n, oc, o0 * width + o1],
