@@ -8,11 +8,13 @@ before it is lowered (`group_key`), by everything its part's code follows from:
 
 - each function's kiln IR as kiln.script prints it, the group's names written as their
   place in the group (another model numbers the same kernel otherwise), with constants
-  as references and, beside them, the pool slot and offset each one is read from;
+  as references and, beside them, the pool slot and offset each one is read from (the
+  code reads them there, whatever their values); any other array by its bytes;
 - what the module-wide analyses give each function: its `noalias` parameters, whether
   it keeps LLVM's SLP vectorizer off, whether the pool is addressed as a large one;
 - the lowering options (symbol prefix, data layout, ISA facts), the machine and LLVM's
-  version, kiln's version and the sources of kiln's codegen and IR packages.
+  version, kiln's version and the sources of kiln's codegen and IR packages (and of
+  the base modules they use).
 
 A kernel whose callers may inline it (a caller of at most MAX_INLINED_CALL_SITES calls)
 is compiled in its caller's part and is not keyed; one that calls an external function
@@ -23,18 +25,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kiln.codegen import kernel_cache
 from kiln.codegen.constants import ConstantPool
 from kiln.ir.attrs import ATTR_PARALLEL_OF
 from kiln.ir.printer import print_func
-from kiln.ir.tensor import AllocConst, CallFunc, PrimFunc
-from kiln.ir.visitor import iter_stmts
+from kiln.ir.tensor import AllocConst, CallFunc, PrimFunc, Stmt
+from kiln.ir.visitor import StmtMutator, iter_stmts
 
 # v1 (2026-11-28): first version
 KEY_VERSION = "kernel-key v1"
@@ -50,31 +53,56 @@ class KernelGroup:
 
 @functools.cache
 def _sources_fingerprint() -> str:
-    """The sources the lowering follows from: kiln.codegen and kiln.ir."""
+    """The sources the lowering follows from: kiln.codegen, kiln.ir and the base modules."""
     h = hashlib.sha256()
     root = Path(__file__).resolve().parents[2]
+    paths = [root / f"{base}.py" for base in ("escape", "dim_expr", "_bfloat16", "errors")]
     for package in ("codegen", "ir"):
-        for path in sorted((root / package).rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+        paths += sorted((root / package).rglob("*.py"))
+    for path in paths:
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 
 def standalone_groups(funcs: Mapping[str, PrimFunc], public: set[str],
                       inlined_calls: Callable[[PrimFunc], bool]) -> list[tuple[str, ...]]:
     """The kernels of `funcs` (those in `public`) that no caller may inline
-    (`inlined_calls(caller)`: whether its calls are inlinable), each with its loop
-    bodies, in `funcs`' order."""
+    (`inlined_calls(caller)`: whether its calls are inlinable) and that call no function
+    but their own loop bodies, each with its loop bodies, in `funcs`' order."""
     bodies: dict[str, list[str]] = {}
     for name, fn in funcs.items():
         owner = fn.attrs.get(ATTR_PARALLEL_OF)
         if owner is not None:
             bodies.setdefault(str(owner), []).append(name)
     inlinable: set[str] = set()
-    for fn in funcs.values():
+    callees: dict[str, set[str]] = {}
+    for name, fn in funcs.items():
+        callees[name] = {s.func for s in iter_stmts(fn.body) if isinstance(s, CallFunc)}
         if inlined_calls(fn):
-            inlinable.update(s.func for s in iter_stmts(fn.body) if isinstance(s, CallFunc))
-    return [(name, *bodies.get(name, ())) for name in funcs
-            if name in public and name not in inlinable]
+            inlinable |= callees[name]
+    groups = [(name, *bodies.get(name, ())) for name in funcs
+              if name in public and name not in inlinable]
+    # a group calling another part's functions (a graph function) is not content-named
+    return [g for g in groups if all(callees[n] <= set(g) for n in g)]
+
+
+class _Placed(StmtMutator):
+    """Calls of the group's functions under their place in the group."""
+
+    def __init__(self, places: Mapping[str, str]) -> None:
+        self.places = places
+
+    def visit_call_func(self, s: CallFunc) -> Stmt:
+        return CallFunc(self.places[s.func], s.args) if s.func in self.places else s
+
+
+def _placed(fn: PrimFunc, places: Mapping[str, str]) -> PrimFunc:
+    """`fn` with the group's function names (its calls, the kernel a loop body belongs
+    to) written as their place in the group: what another model numbers otherwise."""
+    body = _Placed(places).visit_stmt(fn.body)
+    owner = str(fn.attrs.get(ATTR_PARALLEL_OF, ""))
+    attrs = {**fn.attrs, ATTR_PARALLEL_OF: places[owner]} if owner in places else fn.attrs
+    return PrimFunc(fn.params, body, attrs)
 
 
 def group_key(functions: Sequence[str], funcs: Mapping[str, PrimFunc],
@@ -86,25 +114,32 @@ def group_key(functions: Sequence[str], funcs: Mapping[str, PrimFunc],
     constant not in `pool` yet (its slot is chosen as the module is lowered) leaves the
     group unkeyed too."""
     places = {name: f"group_function_{i}" for i, name in enumerate(functions)}
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, places)) + r")\b")
     h = hashlib.sha256()
     for field in (KEY_VERSION, kernel_cache.codegen_fingerprint(), _sources_fingerprint(),
                   *context, f"large={pool.large}"):
         h.update(field.encode() + b"\0")
-    for i, name in enumerate(functions):
+    for name in functions:
         fn = funcs[name]
-        text = print_func(fn, f"group_function_{i}", metadata="reference")
+        text = print_func(_placed(fn, places), places[name], metadata="reference")
         if "T.call_extern(" in text:
             return None
-        h.update(pattern.sub(lambda m: places[m.group(1)], text).encode() + b"\0")
+        h.update(text.encode() + b"\0")
         h.update(facts(name).encode() + b"\0")
+        pooled = set()
         for s in iter_stmts(fn.body):
             if isinstance(s, AllocConst):
                 try:
                     slot = f"const {pool.index(s.data)} {pool.offset(s.data)}\0"
                 except KeyError:  # not pooled before the lowering: its slot is not known
                     return None
+                pooled.add(id(s.data))
                 h.update(slot.encode())
+        # any other array the text names by reference (an attribute's): by its bytes
+        for ref, array in text.metadata.items():
+            if id(array) not in pooled:
+                data = np.ascontiguousarray(array)
+                h.update(f"{ref} {data.dtype.str} {data.shape}\0".encode())
+                h.update(hashlib.sha256(data.tobytes()).digest())
     return h.hexdigest()
 
 
