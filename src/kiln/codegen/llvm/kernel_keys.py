@@ -11,14 +11,16 @@ before it is lowered (`group_key`), by everything its part's code follows from:
   as references and, beside them, the pool slot and offset each one is read from (the
   code reads them there, whatever their values); any other array by its bytes;
 - what the module-wide analyses give each function: its `noalias` parameters, whether
-  it keeps LLVM's SLP vectorizer off, whether the pool is addressed as a large one;
+  it keeps LLVM's SLP vectorizer off, and for a kernel that reads constants whether
+  the pool is addressed as a large one;
 - the lowering options (symbol prefix, data layout, ISA facts), the machine and LLVM's
   version, kiln's version and the sources of kiln's codegen and IR packages (and of
   the base modules they use).
 
-A kernel whose callers may inline it (a caller of at most MAX_INLINED_CALL_SITES calls)
-is compiled in its caller's part and is not keyed; one that calls an external function
-is not either (the library's metadata lists the externs its lowering meets).
+A kernel that a caller may inline (a caller of at most MAX_INLINED_CALL_SITES calls, the
+kernel not `noinline`) is compiled in its caller's part and is not keyed; one that calls
+an external function is not either (the library's metadata lists the externs its
+lowering meets).
 """
 
 from __future__ import annotations
@@ -65,10 +67,12 @@ def _sources_fingerprint() -> str:
 
 
 def standalone_groups(funcs: Mapping[str, PrimFunc], public: set[str],
-                      inlined_calls: Callable[[PrimFunc], bool]) -> list[tuple[str, ...]]:
+                      inlined_calls: Callable[[PrimFunc], bool],
+                      noinline: Callable[[str], bool]) -> list[tuple[str, ...]]:
     """The kernels of `funcs` (those in `public`) that no caller may inline
-    (`inlined_calls(caller)`: whether its calls are inlinable) and that call no function
-    but their own loop bodies, each with its loop bodies, in `funcs`' order."""
+    (`inlined_calls(caller)`: whether its calls are inlinable; `noinline(kernel)`:
+    whether the kernel itself forbids it) and that call no function but their own loop
+    bodies, each with its loop bodies, in `funcs`' order."""
     bodies: dict[str, list[str]] = {}
     for name, fn in funcs.items():
         owner = fn.attrs.get(ATTR_PARALLEL_OF)
@@ -81,7 +85,7 @@ def standalone_groups(funcs: Mapping[str, PrimFunc], public: set[str],
         if inlined_calls(fn):
             inlinable |= callees[name]
     groups = [(name, *bodies.get(name, ())) for name in funcs
-              if name in public and name not in inlinable]
+              if name in public and (name not in inlinable or noinline(name))]
     # a group calling another part's functions (a graph function) is not content-named
     return [g for g in groups if all(callees[n] <= set(g) for n in g)]
 
@@ -116,7 +120,7 @@ def group_key(functions: Sequence[str], funcs: Mapping[str, PrimFunc],
     places = {name: f"group_function_{i}" for i, name in enumerate(functions)}
     h = hashlib.sha256()
     for field in (KEY_VERSION, kernel_cache.codegen_fingerprint(), _sources_fingerprint(),
-                  *context, f"large={pool.large}"):
+                  *context):
         h.update(field.encode() + b"\0")
     for name in functions:
         fn = funcs[name]
@@ -129,7 +133,8 @@ def group_key(functions: Sequence[str], funcs: Mapping[str, PrimFunc],
         for s in iter_stmts(fn.body):
             if isinstance(s, AllocConst):
                 try:
-                    slot = f"const {pool.index(s.data)} {pool.offset(s.data)}\0"
+                    # how the code addresses it: slot, offset, and the pool's size class
+                    slot = f"const {pool.index(s.data)} {pool.offset(s.data)} {pool.large}\0"
                 except KeyError:  # not pooled before the lowering: its slot is not known
                     return None
                 pooled.add(id(s.data))

@@ -326,7 +326,7 @@ class _ModuleLowering:
 
         out, seen = [], set()
         ctx = (repr(self.options), *context)
-        for names in standalone_groups(self.funcs, self.public, inlined):
+        for names in standalone_groups(self.funcs, self.public, inlined, self.keeps_slp_off):
             if any(self.funcs[n].attrs.get(ATTR_EXTERNAL) for n in names):
                 continue
             key = group_key(names, self.funcs, facts, self.pool, ctx)
