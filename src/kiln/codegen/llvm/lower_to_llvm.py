@@ -234,8 +234,8 @@ class LoweredModule:
     reused: list[KernelGroup] = field(default_factory=list)
 
 
-# Whether the caller has the code of a kernel group (kiln.codegen.llvm.kernel_keys), so
-# that it is declared only; given the group and the rest of the key's context.
+# Whether the caller has the code of a keyed kernel group (kiln.codegen.llvm.kernel_keys),
+# so that the group is declared only, not lowered.
 Reuse = Callable[[KernelGroup], bool]
 
 
