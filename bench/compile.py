@@ -42,6 +42,13 @@ LLVM module is compiled in parts on every core (`LLVM split`, `LLVM parts`, `LLV
 join`; kiln.codegen.llvm.parts), else as one module (`LLVM parse`, `optimize`, `emit`).
 `--kernels-warm` measures each model with its kernels already in the kernel cache
 (kiln.codegen.kernel_cache), as a rebuild after a change of weights finds them.
+
+`--warm FIRST` (with `--stages`) measures a build whose whole-module cache misses but
+whose kernel cache another build filled: a first fresh process compiles FIRST into the
+temporary `KILN_CACHE_DIR`, then a second one is timed. FIRST is a zoo name, `resnet18`
+(bench/nets.py), or `weights`: the measured model itself with other weights (each float
+initializer scaled by a seeded factor near 1, as a fine-tuned copy of a model differs
+from the original; the measured build is the copy).
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +108,23 @@ def peak_rss() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reweighted(model: onnx.ModelProto, seed: int = 1) -> onnx.ModelProto:
+    """`model` with other weights: each float initializer scaled by a seeded factor in
+    [0.9, 1.1), as a fine-tuned model differs from its original (same graph, shapes)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(seed)
+    out = type(model)()
+    out.CopyFrom(model)
+    for init in out.graph.initializer:
+        array = numpy_helper.to_array(init)
+        if array.dtype == np.float32 and array.size > 1:
+            scaled = array * np.float32(rng.uniform(0.9, 1.1))
+            init.CopyFrom(numpy_helper.from_array(scaled, init.name))
+    return out
 
 
 def worker(path: str, target_text: str, out_dir: str, warm: bool) -> None:
@@ -203,12 +228,14 @@ def stage_worker(path: str, target_text: str) -> None:
 
 
 def measure(model: onnx.ModelProto, target: str, warm: bool = False,
-            stages: bool = False, kernels_warm: bool = False) -> dict[str, Any]:
+            stages: bool = False, kernels_warm: bool = False,
+            first: onnx.ModelProto | None = None) -> dict[str, Any]:
     """Save `model`, compile it in a fresh process with an empty cache; the worker's
     figures, or {"error": one line} when it fails. With `kernels_warm`, a first process
     compiles it and its compile-cache entries are removed: the measured one finds
     every kernel in the kernel cache (kiln.codegen.kernel_cache), as a rebuild after
-    a weight change does."""
+    a weight change does. With `first`, a first process compiles `first` into the same
+    cache directory (whatever its kernels share with `model` is then a hit)."""
     import onnx
 
     import kiln
@@ -222,11 +249,16 @@ def measure(model: onnx.ModelProto, target: str, warm: bool = False,
         env["PYTHONPATH"] = os.pathsep.join(
             [kiln_root, *filter(None, [os.environ.get("PYTHONPATH")])])
         command = [sys.executable, __file__, "--worker", str(path), "--target", target,
-                   "--out-dir", tmp, *(["--warm"] if warm else []),
+                   "--out-dir", tmp, *(["--warm-up"] if warm else []),
                    *(["--stages"] if stages else [])]
         if kernels_warm:
             subprocess.run(command, env=env, capture_output=True, check=False)
             shutil.rmtree(Path(tmp) / "cache" / "v2", ignore_errors=True)
+        if first is not None:
+            first_path = Path(tmp) / "first.onnx"
+            onnx.save(first, first_path)
+            subprocess.run([*command[:3], str(first_path), *command[4:]], env=env,
+                           capture_output=True, check=False)
         proc = subprocess.run(command, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout or f"exit status {proc.returncode}").splitlines()
@@ -235,15 +267,26 @@ def measure(model: onnx.ModelProto, target: str, warm: bool = False,
 
 
 def print_stages(models: list[tuple[str, onnx.ModelProto]], target: str,
-                 kernels_warm: bool = False) -> None:
-    """The --stages table: each model's cold compile and load, by stage, in seconds."""
+                 kernels_warm: bool = False,
+                 first: Callable[[str, onnx.ModelProto], onnx.ModelProto] | None = None,
+                 first_name: str = "") -> None:
+    """The --stages table: each model's cold compile and load, by stage, in seconds;
+    with `first` (model name and model -> the model to compile before it), the
+    measured build finds that one's kernels in the cache."""
     columns = ["import", *(c for c, _ in STAGES), "other", "total", "cpu"]
-    cache = ("its kernels in the kernel cache" if kernels_warm else "empty KILN_CACHE_DIR")
+    cache = ("its kernels in the kernel cache" if kernels_warm else
+             f"the kernel cache filled by {first_name} first" if first else
+             "empty KILN_CACHE_DIR")
     print(f"seconds; one fresh process and {cache} per model; cpu: CPU seconds of the "
           f"process and its children; load average {os.getloadavg()[0]:.1f} at the start")
     print(f"{'model':<13}" + "".join(f"{c:>{max(9, len(c) + 1)}}" for c in columns))
     for name, model in models:
-        r = measure(model, target, stages=True, kernels_warm=kernels_warm)
+        if first is not None and first_name == "weights":
+            model, original = reweighted(model), model
+        else:
+            original = model
+        r = measure(model, target, stages=True, kernels_warm=kernels_warm,
+                    first=first(name, original) if first else None)
         if "error" in r:
             print(f"{name:<13}   skipped: {r['error']}")
             continue
@@ -267,15 +310,19 @@ def main() -> None:
                         help="split each model's cold compile and load by stage instead")
     parser.add_argument("--kernels-warm", action="store_true",
                         help="with --stages: each model's kernels already in the kernel cache")
+    parser.add_argument("--warm", metavar="FIRST", default=None,
+                        help="with --stages: compile FIRST (a zoo name, resnet18, or "
+                             "'weights': the same model with other weights) into the "
+                             "cache first")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--warm-up", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker and args.stages:
         stage_worker(args.worker, args.target)
         return
     if args.worker:
-        worker(args.worker, args.target, args.out_dir, args.warm)
+        worker(args.worker, args.target, args.out_dir, args.warm_up)
         return
 
     import zoo
@@ -297,9 +344,22 @@ def main() -> None:
     host = kiln.Target.from_host()
     target = host if args.target == "host" else kiln.Target(args.target)
     print(f"host: {describe_target(host)}   target: {target.kind.name}   sizes: {args.size}")
+    def first_model(name: str, model: onnx.ModelProto) -> onnx.ModelProto:
+        if args.warm == "weights":
+            return model
+        if args.warm == "resnet18":
+            import nets
+
+            return nets.resnet18()[0]
+        return build(args.warm)
+
+    if args.warm and args.warm not in ("weights", "resnet18", *builders):
+        parser.error(f"unknown --warm model {args.warm}; known: weights, resnet18, "
+                     f"{', '.join(builders)}")
     if args.stages:
         print_stages([(name, build(name)) for name in names], args.target,
-                     kernels_warm=args.kernels_warm)
+                     kernels_warm=args.kernels_warm, first=first_model if args.warm else None,
+                     first_name=args.warm or "")
         return
     print("one fresh process and empty KILN_CACHE_DIR per model; "
           "RSS/w = (peak - base) / weights")

@@ -4,11 +4,12 @@ A graph function with more than MAX_INLINED_CALL_SITES kernel calls is cut into 
 part per kernel plus the graph function's (kiln.codegen.llvm.split); the parts are
 compiled by forked worker processes and joined into one kernels.o. Checked here:
 every kernel's optimised IR is the whole module's; a part found in the kernel cache
-gives the very bytes a fresh compile gives; another model that numbers the same
-kernels otherwise finds them (kiln.codegen.llvm.part_names), and its library, joined
-from them, computes what onnxruntime computes; a changed machine (opt-level,
-features) or codegen misses the cache; a damaged cache file is refused and rebuilt,
-never used.
+gives the very bytes a fresh compile gives, also when its kernel is found by the key
+taken before lowering (kiln.codegen.llvm.kernel_keys) and not lowered; another model
+that numbers the same kernels otherwise finds them (kiln.codegen.llvm.part_names), and
+its library, joined from them, computes what onnxruntime computes; a changed machine
+(opt-level, features) or codegen misses the cache; a damaged cache file or index entry
+is refused and rebuilt, never used.
 """
 
 from __future__ import annotations
@@ -123,16 +124,23 @@ def test_the_kernel_cache_gives_the_bytes_of_a_fresh_compile(
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     fresh = _kernels_o(seed=1)
     files = sorted(p for p in (tmp_path / "kernels").rglob("*") if p.is_file())
-    assert len(files) >= 3
+    # the parts' objects, and the index entries of the kernels keyed before lowering
+    # (kiln.codegen.llvm.kernel_keys), which hold no object
+    index = [p for p in files if kernel_cache.lookup(p.name)[0] == b""]  # type: ignore[index]
+    files = [p for p in files if p not in index]
+    assert len(files) >= 3 and len(index) == 3  # the two MatMul kernels and Softmax
 
-    data = bytearray(files[0].read_bytes())
-    data[len(data) // 2] ^= 0xFF  # one flipped byte inside the object code
-    files[0].write_bytes(bytes(data))
-    hits, refused = kernel_cache.STATS["hits"], kernel_cache.STATS["refused"]
+    for damaged in (files[0], index[0]):
+        data = bytearray(damaged.read_bytes())
+        data[len(data) // 2] ^= 0xFF  # one flipped byte inside the object code or entry
+        damaged.write_bytes(bytes(data))
+    stats = dict(kernel_cache.STATS)
     with pytest.warns(kernel_cache.KernelCacheWarning, match="damaged"):
-        assert _kernels_o(seed=2) == fresh  # the other parts found, the damaged rebuilt
-    assert kernel_cache.STATS["hits"] - hits == len(files) - 1
-    assert kernel_cache.STATS["refused"] - refused == 1
+        # the other parts found (all but one without lowering them), the damaged rebuilt
+        assert _kernels_o(seed=2) == fresh
+    assert kernel_cache.STATS["hits"] - stats["hits"] == len(files) - 1
+    assert kernel_cache.STATS["index_hits"] - stats["index_hits"] == len(index) - 1
+    assert kernel_cache.STATS["refused"] - stats["refused"] == 2
     assert kernel_cache.lookup(files[0].name) is not None  # stored again, whole
 
     # Another model: its input 24 wide, it numbers the two MatMul kernels the other way
@@ -161,6 +169,19 @@ def test_the_kernel_cache_gives_the_bytes_of_a_fresh_compile(
     monkeypatch.setenv("KILN_CACHE", "0")  # compiled anew, in this process alone
     monkeypatch.setenv("KILN_CODEGEN_JOBS", "1")
     assert _kernels_o(seed=5) == fresh
+
+
+def test_a_malformed_index_entry_is_refused(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index entry whose checksum holds but whose text is not a current entry is a
+    miss with a warning (the kernel is lowered), never an error."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    entry = {"key": "k" * 64, "functions": [["kernel", 0]], "aliased": [True]}
+    kernel_cache.store_index("group", entry)
+    assert kernel_cache.lookup_index("group") == {**entry, "format": kernel_cache.FORMAT}
+    kernel_cache.store(kernel_cache._index_name("other"), b"", b"", "not json")
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="malformed"):
+        assert kernel_cache.lookup_index("other") is None
 
 
 def test_the_key_covers_machine_and_codegen(monkeypatch: pytest.MonkeyPatch) -> None:

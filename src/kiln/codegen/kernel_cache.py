@@ -20,6 +20,14 @@ removed, and the part compiled again, with a KernelCacheWarning. Writes go to a
 temporary name and are renamed. `KILN_CACHE=0` (or `KILN_KERNEL_CACHE=0` for this
 level alone) or `PassContext(config={"kiln.cache": False})` turns it off;
 `clear()` (also `kiln.driver.cache.clear()`, `kiln cache clear`) empties it.
+
+A hit of that key still lowers the kernel to LLVM IR and prints it. So the parts path
+also keys each kernel before its lowering (kiln.codegen.llvm.kernel_keys: the kernel's
+kiln IR, the lowering options, the machine and the codegen's sources) and keeps, under
+that key, a small index entry in the same file format: the part key its lowering gave
+and how the part's functions map onto the kernel's (`lookup_index`, `store_index`). A
+build that finds both the index entry and the part's object skips the kernel's
+lowering, printing and LLVM work; the object is the one a miss compiled.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import contextvars
 import functools
 import hashlib
 import importlib.metadata
+import json
 import os
 import shutil
 import stat
@@ -47,7 +56,7 @@ _OFF = ("0", "false", "no", "off")
 _HEADER = struct.Struct("<32sQQ")  # SHA-256 of what follows, object and bitcode sizes
 
 # Parts found, compiled and stored since the process started (tests, bench/compile.py).
-STATS = {"hits": 0, "misses": 0, "refused": 0}
+STATS = {"hits": 0, "misses": 0, "refused": 0, "index_hits": 0, "index_misses": 0}
 
 # False while a build runs with the compile cache turned off by its PassContext.
 enabled_in_build: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -113,11 +122,15 @@ def _ours(st: os.stat_result) -> bool:
 def lookup(key: str) -> tuple[bytes, bytes, str] | None:
     """(object, bitcode, declarations) stored under `key`, or None (a refused file is
     removed)."""
+    return _read(key, "hits", "misses")
+
+
+def _read(key: str, hit: str, miss: str) -> tuple[bytes, bytes, str] | None:
     path = _path(key)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
-        STATS["misses"] += 1
+        STATS[miss] += 1
         return None  # absent, or a symbolic link (O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:
         if not _ours(os.fstat(f.fileno())):
@@ -130,9 +143,10 @@ def lookup(key: str) -> tuple[bytes, bytes, str] | None:
         digest, size, bc_size = _HEADER.unpack_from(raw, len(_MAGIC))
         if hashlib.sha256(body).digest() == digest and size + bc_size <= len(body):
             with contextlib.suppress(UnicodeDecodeError):
-                STATS["hits"] += 1
-                return (body[:size], body[size:size + bc_size],
-                        body[size + bc_size:].decode("utf-8"))
+                found = (body[:size], body[size:size + bc_size],
+                         body[size + bc_size:].decode("utf-8"))
+                STATS[hit] += 1
+                return found
     STATS["refused"] += 1
     _warn(f"{path} is damaged (checksum); removed, compiling the kernel again")
     with contextlib.suppress(OSError):
@@ -155,6 +169,34 @@ def store(key: str, obj: bytes, bitcode: bytes, declarations: str) -> None:
         _warn(f"cannot write {path}: {err.strerror or err}")
 
 
+def _index_name(key: str) -> str:
+    """Where the index entry of a kernel key lives: a name no part key can take."""
+    return hashlib.sha256(b"kiln kernel index\0" + key.encode()).hexdigest()
+
+
+def lookup_index(key: str) -> dict[str, Any] | None:
+    """The index entry stored under the kernel key `key` (kiln.codegen.llvm.kernel_keys),
+    or None; a damaged or malformed one is refused with a KernelCacheWarning."""
+    found = _read(_index_name(key), "index_hits", "index_misses")
+    if found is None:
+        return None
+    try:
+        entry = json.loads(found[2])
+    except ValueError:
+        entry = None
+    if not isinstance(entry, dict) or entry.get("format") != FORMAT:
+        STATS["index_hits"] -= 1
+        STATS["refused"] += 1
+        _warn(f"the index entry {_index_name(key)} is malformed; lowering the kernel")
+        return None
+    return entry
+
+
+def store_index(key: str, entry: dict[str, Any]) -> None:
+    """Keep the index entry `entry` (JSON) under the kernel key `key`."""
+    store(_index_name(key), b"", b"", json.dumps({**entry, "format": FORMAT}, sort_keys=True))
+
+
 def clear() -> int:
     """Remove every stored part; the bytes freed."""
     root = cache_root().parent
@@ -166,4 +208,4 @@ def clear() -> int:
 
 
 __all__ = ["STATS", "KernelCacheWarning", "cache_root", "clear", "codegen_fingerprint", "enabled",
-           "enabled_in_build", "lookup", "part_key", "store"]
+           "enabled_in_build", "lookup", "lookup_index", "part_key", "store", "store_index"]

@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from dataclasses import dataclass
 from typing import Any
 
 from kiln.artifact import Artifact
+from kiln.codegen import kernel_cache
 from kiln.codegen.const_table import table_artifact
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.cpu_requirements import feature_rows
 from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
 from kiln.codegen.llvm import part_names, parts
 from kiln.codegen.llvm.bf16_dot import bf16_dot_lanes
+from kiln.codegen.llvm.cached_kernels import CachedKernels
 from kiln.codegen.llvm.lower_to_llvm import (
     C_LIBRARY_HEAP,
     ERROR_CODES,
     LoweredModule,
     LoweringOptions,
+    Reuse,
     lower_module,
 )
-from kiln.codegen.llvm.split import split_module
+from kiln.codegen.llvm.parts import PartCode
+from kiln.codegen.llvm.split import Part, split_module
 from kiln.codegen.llvm.target_machine import (
     MachineConfig,
     llvm_binding,
@@ -83,8 +88,8 @@ def compile_module(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPoo
     return CompiledModule(llvm_mod, tm, config, lowered)
 
 
-def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
-           jit: bool) -> tuple[MachineConfig, Any, LoweredModule]:
+def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool, jit: bool,
+           reuse: Reuse | None = None) -> tuple[MachineConfig, Any, LoweredModule]:
     """The machine configuration, its TargetMachine and `mod` lowered to llvmlite IR."""
     check_prefix(prefix)
     config = machine_config(target, jit=jit)
@@ -105,8 +110,10 @@ def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
         heap_functions=(C_LIBRARY_HEAP if jit or config.arch.startswith("wasm")
                         else workspace_symbols(prefix)))
 
+    machine, version = parts.machine_key(config)
     with timed_step("codegen.lower"):
-        return config, tm, lower_module(mod, pool, options)
+        return config, tm, lower_module(mod, pool, options, reuse,
+                                        (json.dumps(machine, sort_keys=True), version))
 
 
 def _pointer_bits(data_layout: str) -> int:
@@ -132,10 +139,14 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     host = codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
                         cflags=host_flags, cpu_features=feature_rows(
                             config.triple, config.to_json()["requires_features"]))
-    config, tm, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=False)
+    in_parts = compiles_in_parts(config)
+    cached = CachedKernels(prefix) if in_parts and kernel_cache.enabled() \
+        and part_names.links_aliases(config.triple) else None
+    config, tm, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=False,
+                                 reuse=cached.reuse if cached else None)
     meta = _metadata(config, lowered)
-    if compiles_in_parts(config):
-        obj, bitcode = _compile_in_parts(lowered, config, host)
+    if in_parts:
+        obj, bitcode = _compile_in_parts(lowered, config, host, cached)
     else:
         obj, bitcode = _compile_whole(lowered, config, tm)
     libs = sorted({lib for d in meta["extern_dependencies"] for lib in d.get("libs", ())})
@@ -183,28 +194,49 @@ def compiles_in_parts(config: MachineConfig) -> bool:
             and os.environ.get("KILN_CODEGEN_PARTS", "1").strip().lower() not in _OFF)
 
 
-def _compile_in_parts(lowered: LoweredModule, config: MachineConfig,
-                      host: Artifact) -> tuple[bytes, bytes]:
+def _compile_in_parts(lowered: LoweredModule, config: MachineConfig, host: Artifact,
+                      cached: CachedKernels | None = None) -> tuple[bytes, bytes]:
     """(object, bitcode) of the lowered module compiled part by part: in parallel, through
-    the kernel cache (kiln.codegen.llvm.parts). A module of several parts (a large
+    the kernel cache (kiln.codegen.llvm.parts; `cached`: the kernels found before the
+    lowering, kiln.codegen.llvm.kernel_keys). A module of several parts (a large
     model) has this machine's cc build `host` meanwhile, for the library's load: it
     takes a core when the parts leave one free (the graph function's part, the join)."""
+    known = cached.codes(lowered.reused) if cached else []
     with timed_step("codegen.split"):
-        pieces = split_module(lowered.module)
-    if len(pieces) > 1:
+        pieces = split_module(lowered.module, frozenset(
+            symbol for code in known for symbol in code.names.values()))
+    if len(pieces) + len(known) > 1:
         with timed_step("codegen.start_host_cc"):
             precompile_c(host)
     # Several parts: the kernels are named by their content, so that another model
     # finds them in the kernel cache; the join gives them the model's names.
-    by_content = len(pieces) > 1 and part_names.links_aliases(config.triple)
+    by_content = len(pieces) + len(known) > 1 and part_names.links_aliases(config.triple)
     with timed_step("codegen.parts"):
-        results = parts.compile_parts(pieces, config, by_content=by_content)
+        results = parts.compile_parts(pieces, config, by_content, known,
+                                      [code.key for code in known])
+    if cached:
+        cached.record(lowered, pieces, results)
+    results = _in_module_order(lowered, [*zip(pieces, results), *((None, c) for c in known)])
     if len(results) == 1:
         return results[0].obj, results[0].bitcode
     with timed_step("codegen.join"):
         aliases = {name: symbol for r in results for name, symbol in r.aliases.items()}
         return (parts.join_objects([r.obj for r in results], str(parts.linker()), aliases),
                 parts.join_bitcode(results))
+
+
+def _in_module_order(lowered: LoweredModule,
+                     codes: list[tuple[Part | None, PartCode]]) -> list[PartCode]:
+    """The parts' code in the order of their first function in the module: the order a
+    build that compiles every part joins them in."""
+    place = {name: i for i, name in enumerate(lowered.module.globals)}
+
+    def first(item: tuple[Part | None, PartCode]) -> int:
+        part, code = item
+        names = part.functions if part is not None else code.names.values()
+        return min(place[name] for name in names if name in place)  # no trampoline if reused
+
+    return [code for _, code in sorted(codes, key=first)]
 
 
 def _bare_metal(config: MachineConfig) -> bool:

@@ -42,6 +42,7 @@ from kiln.codegen.llvm.dtypes import (
 from kiln.codegen.llvm.float16 import HalfConversions
 from kiln.codegen.llvm.float_range import fits_int32
 from kiln.codegen.llvm.intrinsics import emit_intrinsic
+from kiln.codegen.llvm.kernel_keys import KernelGroup, group_key, standalone_groups
 from kiln.codegen.llvm.vector_loops import emit_vector_loop
 from kiln.codegen.naming import (
     const_table_symbol,
@@ -105,6 +106,7 @@ from kiln.ir.tensor import (
     While,
     reinterpret_fault,
 )
+from kiln.ir.visitor import iter_stmts
 
 # Non-zero kernel results; the host entry (kiln/codegen/host.py) maps them to
 # messages. A failing CallFunc passes its callee's code through unchanged.
@@ -226,11 +228,24 @@ class LoweredModule:
     kernels: dict[str, str]  # IR function name -> kernel symbol (outlined loops excluded)
     externs: dict[str, Any] = field(default_factory=dict)  # extern name -> dependency JSON
     uses_constants: bool = False
+    # Kernel groups keyed before lowering (kiln.codegen.llvm.kernel_keys), and those of
+    # them `reuse` took: declared, not lowered
+    keyed: list[KernelGroup] = field(default_factory=list)
+    reused: list[KernelGroup] = field(default_factory=list)
 
 
-def lower_module(mod: IRModule, pool: ConstantPool, options: LoweringOptions) -> LoweredModule:
-    """Translate every PrimFunc of `mod` into one LLVM module (see the module docstring)."""
-    return _ModuleLowering(mod, pool, options).run()
+# Whether the caller has the code of a keyed kernel group (kiln.codegen.llvm.kernel_keys),
+# so that the group is declared only, not lowered.
+Reuse = Callable[[KernelGroup], bool]
+
+
+def lower_module(mod: IRModule, pool: ConstantPool, options: LoweringOptions,
+                 reuse: Reuse | None = None, context: tuple[str, ...] = ()) -> LoweredModule:
+    """Translate every PrimFunc of `mod` into one LLVM module (see the module docstring).
+    With `reuse`, each kernel that stands alone in its part is keyed first (`context`:
+    the machine and versions, beside `options`) and left declared where `reuse` says
+    its code is at hand."""
+    return _ModuleLowering(mod, pool, options).run(reuse, context)
 
 
 # ======================================================================= module
@@ -279,18 +294,56 @@ class _ModuleLowering:
         self._consts: ir.GlobalVariable | None = None
         self._table: ir.GlobalVariable | None = None
 
-    def run(self) -> LoweredModule:
+    def run(self, reuse: Reuse | None = None, context: tuple[str, ...] = ()) -> LoweredModule:
         self.aliasing = analyze(dict(self.funcs))
         for name, fn in self.funcs.items():
             self.kernels[name] = self._declare_kernel(name, fn, self.aliasing.noalias[name])
+        keyed = self._keyed(context) if reuse is not None else []
+        reused = [group for group in keyed if reuse is not None and reuse(group)]
+        skipped = {name for group in reused for name in group.functions}
         for name in self.bodies:
-            self.trampolines[name] = self._trampoline(self.kernels[name], self.keeps_slp_off(name))
+            if name not in skipped:
+                self.trampolines[name] = self._trampoline(self.kernels[name],
+                                                          self.keeps_slp_off(name))
         for name, fn in self.funcs.items():
-            if not fn.attrs.get(ATTR_EXTERNAL):  # else another codegen defines it: declared
+            if name in skipped:
+                self._reads_constants(fn)
+            elif not fn.attrs.get(ATTR_EXTERNAL):  # else another codegen defines it
                 FunctionLowering(self, name, fn, self.kernels[name]).run()
         return LoweredModule(
             self.module, {n: f.name for n, f in self.kernels.items() if n in self.public},
-            self.externs, self._consts is not None or self._table is not None)
+            self.externs, self._consts is not None or self._table is not None, keyed, reused)
+
+    def _keyed(self, context: tuple[str, ...]) -> list[KernelGroup]:
+        """The kernel groups keyed before lowering (kiln.codegen.llvm.kernel_keys)."""
+        def facts(name: str) -> str:
+            return (f"noalias={sorted(self.aliasing.noalias[name])} "
+                    f"no_slp={self.keeps_slp_off(name)}")
+
+        def inlined(fn: PrimFunc) -> bool:
+            return sum(isinstance(x, CallFunc) for x in _statements(fn.body)) \
+                <= MAX_INLINED_CALL_SITES
+
+        out, seen = [], set()
+        ctx = (repr(self.options), *context)
+        for names in standalone_groups(self.funcs, self.public, inlined, self.keeps_slp_off):
+            if any(self.funcs[n].attrs.get(ATTR_EXTERNAL) for n in names):
+                continue
+            key = group_key(names, self.funcs, facts, self.pool, ctx)
+            if key is None or key in seen:  # a second copy is lowered (its own part key)
+                continue
+            seen.add(key)
+            out.append(KernelGroup(names, key))
+        return out
+
+    def _reads_constants(self, fn: PrimFunc) -> None:
+        """What lowering `fn` does to the module beside its code: the constants' global."""
+        if any(isinstance(s, AllocConst) for s in iter_stmts(fn.body)):
+            if self.options.const_table:
+                self.pool.table = True
+                self.const_table_global()
+            else:
+                self.consts_global()
 
     def _declare_kernel(self, name: str, fn: PrimFunc, noalias: frozenset[int]) -> ir.Function:
         seen: set[int] = set()

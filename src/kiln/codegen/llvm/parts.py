@@ -76,6 +76,7 @@ class PartCode(NamedTuple):
     declarations: str
     names: dict[str, str]
     aliases: dict[str, str]
+    key: str = ""  # the kernel cache's key of a part named by its content
 
 
 def compile_part(text: str, config: MachineConfig, tm: Any) -> Compiled:
@@ -193,23 +194,35 @@ def _compile_all(texts: Sequence[str], config: MachineConfig) -> list[Compiled]:
     return [r for r in results if r is not None]
 
 
-def compile_parts(parts: Sequence[Part], config: MachineConfig,
-                  by_content: bool = False) -> list[PartCode]:
+def machine_key(config: MachineConfig) -> tuple[dict[str, Any], str]:
+    """What of the machine the kernel cache keys a part by, and LLVM's version."""
+    version = ".".join(map(str, llvm_binding().llvm_version_info))
+    return ({**config.to_json(), "fast_math": config.fast_math,
+             "vector_width": config.vector_width}, version)
+
+
+def compile_parts(parts: Sequence[Part], config: MachineConfig, by_content: bool = False,
+                  known: Sequence[PartCode] = (), known_keys: Sequence[str] = ()
+                  ) -> list[PartCode]:
     """The code of each part, from the kernel cache or compiled in parallel; a part
     calling another's functions after that one (`Part.calls`). With `by_content`, a
     part that calls no other part's is keyed and compiled under names made from its
-    code (kiln.codegen.llvm.part_names): another model that has the kernel finds it."""
+    code (kiln.codegen.llvm.part_names): another model that has the kernel finds it.
+    `known`: parts of the module whose code is at hand (the kernel cache's, under the
+    part keys `known_keys`), whose functions the parts may call."""
     use_cache = kernel_cache.enabled()
-    version = ".".join(map(str, llvm_binding().llvm_version_info))
-    machine = {**config.to_json(), "fast_math": config.fast_math,
-               "vector_width": config.vector_width}
+    machine, version = machine_key(config)
 
     def key_of(text: str) -> str:
         return kernel_cache.part_key(text, machine, version)
 
     codes: list[PartCode | None] = [None] * len(parts)
     declarations: dict[str, str] = {}
-    taken: set[str] = set()
+    for code in known:
+        for line in code.declarations.splitlines():
+            name, declaration = line.split("\0", 1)
+            declarations[name] = declaration
+    taken: set[str] = set(known_keys)
     while any(c is None for c in codes):
         ready = [i for i, p in enumerate(parts) if codes[i] is None
                  and all(c in declarations for c in p.calls)]
@@ -235,7 +248,8 @@ def compile_parts(parts: Sequence[Part], config: MachineConfig,
             names, aliases = (named[i].names, named[i].aliases) if i in named else ({}, {})
             if names:
                 declared = part_names.model_declarations(declared, names)
-            codes[i] = PartCode(obj, bitcode, declared, names, aliases)
+            codes[i] = PartCode(obj, bitcode, declared, names, aliases,
+                                keys[i] if i in named else "")
             for line in declared.splitlines():
                 name, declaration = line.split("\0", 1)
                 declarations[name] = declaration
@@ -277,4 +291,4 @@ def join_bitcode(codes: Sequence[PartCode]) -> bytes:
 
 
 __all__ = ["PartCode", "compile_part", "compile_parts", "jobs", "join_bitcode", "join_objects",
-           "linker"]
+           "linker", "machine_key"]

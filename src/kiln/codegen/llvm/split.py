@@ -163,10 +163,13 @@ def _closure(start: Iterable[str], refs: dict[str, set[str]], follow: Any,
     return seen
 
 
-def _part_text(m: _Module, names: list[str],
-               refs: dict[str, set[str]]) -> tuple[list[str], dict[str, int]]:
+def _part_text(m: _Module, names: list[str], refs: dict[str, set[str]],
+               external: frozenset[str]) -> tuple[list[str], dict[str, int]]:
     """`names` (defined functions) with what they use, as a module of its own; and the
-    declarations it holds of functions other parts define."""
+    declarations it holds of functions other parts define (or `external` names). What
+    the part uses besides its own functions comes first, by name: the lowering makes
+    those globals as it meets them, so their order in the module depends on the kernels
+    lowered before (or left out: kiln.codegen.llvm.kernel_keys), not on this part."""
     own = set(names)
     copied = _closure(names, refs, lambda r: r in m.functions and (
         r in own or _inlined_helper(m.functions[r]))) - own
@@ -176,8 +179,11 @@ def _part_text(m: _Module, names: list[str],
     body = [m.header]
     calls = {}
     order = {n: i for i, n in enumerate(m.texts)}
-    for name in sorted(used, key=order.__getitem__):
-        if name in own or name in copied or name not in m.functions:
+    for name in sorted(used, key=lambda n: (1, order[n], "") if n in own else (0, 0, n)):
+        if name in external and name in m.declared:
+            calls[name] = len(body)
+            body.append(m.texts[name])
+        elif name in own or name in copied or name not in m.functions:
             body.append(m.texts[name])
         else:
             calls[name] = len(body)
@@ -196,14 +202,15 @@ def _part_text(m: _Module, names: list[str],
     return [*body, *m.named_metadata, *metadata, ""], calls
 
 
-def split_module(module: Any) -> list[Part]:
+def split_module(module: Any, external: frozenset[str] = frozenset()) -> list[Part]:
     """The parts of the llvmlite module `module` (see the module docstring), in module
-    order; one part when nothing can be cut."""
+    order; one part when nothing can be cut. `external`: functions declared in `module`
+    whose code comes from elsewhere (the kernel cache), called as another part's."""
     m = _pieces(module)
     groups, refs = _groups(m)
     parts = []
     for names in groups:
-        pieces, calls = _part_text(m, names, refs)
+        pieces, calls = _part_text(m, names, refs, external)
         parts.append(Part(pieces, names, calls))
     return parts
 
