@@ -18,12 +18,13 @@ from kiln.distributed.tune import KernelSpec, discover
 from kiln.errors import IRError, UsageError
 from kiln.ir.tensor import For, PrimFunc
 from kiln.ir.visitor import post_order_visit
-from kiln.kernels.gemm.knobs import TUNED_UNROLLS
+from kiln.kernels.gemm.knobs import PACKED_K_UNROLL, PACKED_K_UNROLL_MIN_K, TUNED_UNROLLS
 from kiln.kernels.registry import KERNELS, build_call
 from kiln.target.isa import isa_for
 from kiln.tuning import Measurement, Record, TuningDatabase, target_key
 from kiln.tuning.apply import Forced, using
 from support.graphs import GraphBuilder, value_info
+from support.reference import onnxruntime_outputs
 
 
 def _gemm() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -221,3 +222,18 @@ def test_a_malformed_unroll_attribute_is_an_ir_error(unroll: Any) -> None:
     with pytest.raises(IRError, match="'unroll' must be a positive int"):
         build_call(family, [], [], {"unroll": unroll}, None, None,
                    isa_for(kiln.Target.from_host()))
+
+
+def test_the_rule_unrolls_a_long_packed_k_by_two() -> None:
+    """A dense layer of K >= PACKED_K_UNROLL_MIN_K (64) takes the rule's unroll of 2 (K =
+    10, the other tests' layer, keeps the plain loop) and computes onnxruntime's output."""
+    target = kiln.Target.from_host()
+    b = GraphBuilder(29)
+    y = b.proj("x", PACKED_K_UNROLL_MIN_K, 24)
+    model = b.model([value_info("x", [5, PACKED_K_UNROLL_MIN_K])], [value_info(y, [5, 24])],
+                    17, "long")
+    x = np.random.default_rng(6).standard_normal((5, PACKED_K_UNROLL_MIN_K), np.float32)
+    rule = kiln.compile(model, target)
+    assert _unrolled_loops(rule) == [PACKED_K_UNROLL]
+    np.testing.assert_allclose(np.asarray(rule(x)), onnxruntime_outputs(model, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
