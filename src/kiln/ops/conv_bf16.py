@@ -39,7 +39,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir.tensor import Const, PrimExpr, as_expr, min_, reinterpret, select
 from kiln.ir.types import TensorType, Type
-from kiln.ops import layout, te
+from kiln.ops import layout, spatial, te
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
 from kiln.ops.conv_geometry import ConvShape, conv_shape
 from kiln.ops.gemm_bf16 import bf16_round
@@ -59,6 +59,15 @@ def row_taps_pay(c_in: int, kw: int) -> bool:
     channels paired: an odd channel count (an RGB image) pairs its last channel with
     zero at every tap (7 columns: 12 words for 3 channels, not 14)."""
     return kw % 2 == 1 and kw > 1 and c_in * (kw + 1) // 2 < -(-c_in // 2) * kw
+
+
+def stem_stays_float32(kernel: Sequence[int], attrs: Attrs) -> bool:
+    """Whether an NCHW first layer stays on the float32 kernel on a `precision=bf16`
+    target: a 3x3 stride-1 one (VGG's 3 > 64 at 224x224), whose channel pairs leave a
+    quarter of the lanes on zeros and whose tiles ran at half the float32 kernel's speed
+    (docs/performance.md, the bf16 section's VGG-19 round). Strided stems (MobileNetV2's
+    3x3/2) and those of `row_taps_pay` stay bfloat16."""
+    return tuple(kernel) == (3, 3) and tuple(spatial.ints(attrs, "strides", 2, 1)) == (1, 1)
 
 
 def pack_row_taps(w: np.ndarray, cb: int) -> np.ndarray:
