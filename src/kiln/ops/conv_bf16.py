@@ -82,6 +82,15 @@ def row_taps_pay(c_in: int, kw: int) -> bool:
     return kw % 2 == 1 and kw > 1 and c_in * (kw + 1) // 2 < -(-c_in // 2) * kw
 
 
+def stem_stays_float32(kernel: Sequence[int], attrs: Attrs) -> bool:
+    """Whether an NCHW first layer stays on the float32 kernel on a `precision=bf16`
+    target: a 3x3 stride-1 one (VGG's 3 > 64 at 224x224), whose channel pairs leave a
+    quarter of the lanes on zeros and whose tiles ran at half the float32 kernel's speed
+    (docs/performance.md, the bf16 section's VGG-19 round). Strided stems (MobileNetV2's
+    3x3/2) and those of `row_taps_pay` stay bfloat16."""
+    return tuple(kernel) == (3, 3) and tuple(spatial.ints(attrs, "strides", 2, 1)) == (1, 1)
+
+
 def pack_row_taps(w: np.ndarray, cb: int) -> np.ndarray:
     """OIHW float32 weight -> int32 words `[ceil(co / cb)][ci][kh][ceil(kw / 2)][cb]`
     pairing kernel columns `2m` (low half) and `2m + 1` (high half; zero past `kw`)."""

@@ -7,7 +7,7 @@ on random data the errors have random signs and a chain of five layers comes out
 4e-3 relative L2 from float32 (each layer's input rounded again). 1e-2 leaves margin
 for it and catches any wrong pairing, packing or border (errors near 1).
 
-One model, compiled once, holds the kernel's cases: a padded 3x3 layer with bias and
+One model, compiled once, holds the kernel's cases: a padded 5x3 layer with bias and
 ReLU reading the NCHW input of 3 channels in place (a region's first layer: channels
 paired (0, 1) and (2, zero)) and beside it a 7x7 layer with asymmetric pads on the same
 input (neighbouring kernel columns paired: `row_taps`), added into the first, a 1x1
@@ -53,6 +53,7 @@ from kiln.kernels.tiles import tile_lanes, tile_registers
 from kiln.ops.conv_bf16 import (
     pack_conv_bf16,
     pack_row_taps,
+    stem_stays_float32,
     unpack_conv_bf16,
     unpack_row_taps,
 )
@@ -76,8 +77,9 @@ def _model() -> Any:
     b = GraphBuilder()
     x = b.input("x", ("N", 3, 13, 11))
     wide = b.op("Conv", x, b.const(_weight(48, 3, 7, 7)), pads=[3, 2, 3, 4])
-    y = b.op("Relu", b.op("Add", b.op("Conv", x, b.const(_weight(48, 3, 3, 3)),
-                                      b.const(_weight(48)), pads=[1, 1, 1, 1]), wide))
+    # 5x3, not 3x3: a 3x3 stride-1 first layer stays float32 (`stem_stays_float32`)
+    y = b.op("Relu", b.op("Add", b.op("Conv", x, b.const(_weight(48, 3, 5, 3)),
+                                      b.const(_weight(48)), pads=[2, 1, 2, 1]), wide))
     y = b.op("Add", y, b.op("Conv", y, b.const(_weight(48, 48, 1, 1))))
     y = b.op("Conv", y, b.const(_weight(64, 48, 1, 1)), strides=[2, 2])
     y = b.op("Add", y, b.op("Conv", y, b.const(_weight(64, 64, 3, 3)),
@@ -226,6 +228,14 @@ def test_pack_round_trips_the_rounded_weights() -> None:
     assert packed.shape == (2, 3, 7, 4, 32)
     assert not (packed[:, :, :, 3].view(np.uint32) >> 16).any()
     np.testing.assert_array_equal(unpack_row_taps(packed, 40, 7), bf16_round(w7))
+
+
+def test_only_a_3x3_stride_1_stem_stays_float32() -> None:
+    """VGG's first layer keeps the float32 kernel; strided 3x3 stems (MobileNetV2's)
+    and the model above's 5x3 and 7x7 ones take the bfloat16 kernel."""
+    assert stem_stays_float32((3, 3), {}) and stem_stays_float32((3, 3), {"strides": [1, 1]})
+    assert not stem_stays_float32((3, 3), {"strides": [2, 2]})
+    assert not stem_stays_float32((5, 3), {}) and not stem_stays_float32((7, 7), {})
 
 
 @pytest.mark.parametrize("c_out,hw,stride", [(64, 56, 1), (128, 28, 2), (512, 7, 1),

@@ -115,6 +115,7 @@ from kiln.ops.conv_bf16 import (
     pack_row_taps,
     pair_blocks,
     row_taps_pay,
+    stem_stays_float32,
     word_block,
     words_shape,
     words_source,
@@ -538,7 +539,8 @@ class NchwcBf16(Family):
                 and isinstance(x, TensorType) and x.dtype == "float32"
                 and all(isinstance(d, int) for d in x.shape[1:])
                 and ((x.ndim == 5 and x.shape[4] == 16 and NCHW_INPUT_BLOCK not in call.attrs)
-                     or (x.ndim == 4 and call.attrs.get(NCHW_INPUT_BLOCK) == 16)))
+                     or (x.ndim == 4 and call.attrs.get(NCHW_INPUT_BLOCK) == 16
+                         and not stem_stays_float32(w.data.shape[3:5], call.attrs))))
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         x, w = call.args[0].type, call.args[1]
