@@ -14,6 +14,7 @@ the buffer is all the CPU they cost, and the page cache keeps the pages a build 
 from __future__ import annotations
 
 import errno
+import fcntl
 import mmap
 import os
 from collections.abc import Iterable
@@ -86,8 +87,6 @@ def _set_direct(fd: int, on: bool) -> bool:
     flag = getattr(os, "O_DIRECT", 0)  # Linux and the BSDs
     if not flag:
         return False
-    import fcntl  # POSIX only, as O_DIRECT
-
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     try:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags | flag if on else flags & ~flag)

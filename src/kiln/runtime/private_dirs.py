@@ -35,8 +35,7 @@ _swept = False
 def make_private_dir(prefix: str) -> str:
     """A fresh directory `{tempdir}/{prefix}XXXXXXXX` owned by this process until
     `remove_private_dir`; the first call also removes the stale ones of dead processes."""
-    if not prefix.startswith(_FAMILY):
-        raise ValueError(f"private directory prefixes start with {_FAMILY!r}, got {prefix!r}")
+    assert prefix.startswith(_FAMILY), prefix  # the sweep finds only this family
     _sweep_once()
     path = tempfile.mkdtemp(prefix=prefix)
     try:
