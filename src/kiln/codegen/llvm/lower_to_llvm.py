@@ -320,13 +320,10 @@ class _ModuleLowering:
             return (f"noalias={sorted(self.aliasing.noalias[name])} "
                     f"no_slp={self.keeps_slp_off(name)}")
 
-        def inlined(fn: PrimFunc) -> bool:
-            return sum(isinstance(x, CallFunc) for x in _statements(fn.body)) \
-                <= MAX_INLINED_CALL_SITES
-
         out, seen = [], set()
         ctx = (repr(self.options), *context)
-        for names in standalone_groups(self.funcs, self.public, inlined, self.keeps_slp_off):
+        for names in standalone_groups(self.funcs, self.public, _inlines_calls,
+                                       self.keeps_slp_off):
             if any(self.funcs[n].attrs.get(ATTR_EXTERNAL) for n in names):
                 continue
             key = group_key(names, self.funcs, facts, self.pool, ctx)
@@ -339,11 +336,7 @@ class _ModuleLowering:
     def _reads_constants(self, fn: PrimFunc) -> None:
         """What lowering `fn` does to the module beside its code: the constants' global."""
         if any(isinstance(s, AllocConst) for s in iter_stmts(fn.body)):
-            if self.options.const_table:
-                self.pool.table = True
-                self.const_table_global()
-            else:
-                self.consts_global()
+            self.constants_global()
 
     def _declare_kernel(self, name: str, fn: PrimFunc, noalias: frozenset[int]) -> ir.Function:
         seen: set[int] = set()
@@ -490,6 +483,14 @@ class _ModuleLowering:
             self._table = self._external_data(const_table_symbol(self.options.prefix), PTR, 8)
         return self._table
 
+    def constants_global(self) -> ir.GlobalVariable:
+        """The global a kernel reads its constants through: the table of their addresses
+        (`const_table` targets, the pool then laid out as one) or the pool itself."""
+        if self.options.const_table:
+            self.pool.table = True
+            return self.const_table_global()
+        return self.consts_global()
+
     def loop_metadata(self, kind: str) -> ir.Value | None:
         """A fresh `!llvm.loop` node for a loop of `kind`, or None for plain loops."""
         if kind == "vectorized":
@@ -545,8 +546,7 @@ class FunctionLowering:
         self.blocks: list[list[tuple[Buffer, ir.Value | None]]] = []
         # Let variables bound in each open statement list, with the value each hid.
         self.let_blocks: list[list[tuple[Var, ir.Value | None]]] = []
-        calls = sum(isinstance(x, CallFunc) for x in _statements(fn.body))
-        self.call_attrs = ("noinline",) if calls > MAX_INLINED_CALL_SITES else ()
+        self.call_attrs = () if _inlines_calls(fn) else ("noinline",)
         # under `noimplicitfloat` (`keeps_slp_off`) LLVM's loop vectorizer does not run
         self.no_slp = parent.keeps_slp_off(name)
 
@@ -855,6 +855,11 @@ EXPR_RULES: dict[type, Callable[[Any, Any], ir.Value]] = {
 # ======================================================================= statements
 
 
+def _inlines_calls(fn: PrimFunc) -> bool:
+    """Whether `fn`'s calls may be inlined: at most MAX_INLINED_CALL_SITES of them."""
+    return sum(isinstance(x, CallFunc) for x in _statements(fn.body)) <= MAX_INLINED_CALL_SITES
+
+
 def _statements(s: Stmt) -> list[Stmt]:
     """Every statement under `s` (itself included)."""
     out: list[Stmt] = []
@@ -1020,10 +1025,10 @@ def _alloc_const(fl: FunctionLowering, s: AllocConst) -> None:
         raise fl.error(f"constant buffer {buf.name!r} ({buf.dtype}, shape {buf.shape}) needs "
                        f"{need} bytes but its data has {s.data.nbytes}")
     offset = fl.parent.pool.add(s.data)
+    constants = fl.parent.constants_global()
     if fl.parent.options.const_table:
         index = fl.parent.pool.index(s.data)
-        fl.parent.pool.table = True
-        slot = fl.b.gep(fl.parent.const_table_global(), [ir.Constant(I64, index)],
+        slot = fl.b.gep(constants, [ir.Constant(I64, index)],
                         inbounds=True, source_etype=PTR)
         ptr = fl.b.load(slot, name=c_identifier(buf.name), typ=PTR)
         module = fl.parent.module
@@ -1032,7 +1037,7 @@ def _alloc_const(fl: FunctionLowering, s: AllocConst) -> None:
         fl.declare(buf, ptr)
         fl.readonly.add(buf)
         return
-    base = fl.parent.consts_global()
+    base = constants
     if fl.parent.pool.large:
         # An empty asm hides that the pointer is the symbol's address, so LLVM adds the
         # offset at run time instead of folding it into a 32-bit relocation (+-2 GiB).
