@@ -21,7 +21,7 @@ from kiln.ir.dtype import INDEX_DTYPE, itemsize
 from kiln.ir.tensor import IfThenElse, PrimFunc, Stmt, as_expr, compare
 from kiln.ir.types import TensorType
 from kiln.kernels.epilogue import fused_store
-from kiln.kernels.gemm.knobs import GemmTiling, k_unrolling, packed_k_unroll
+from kiln.kernels.gemm.knobs import GemmTiling, k_unroll, k_unrolling, packed_k_unroll
 from kiln.kernels.gemm.loop_nest import gemm_body
 from kiln.kernels.gemm.micro_kernel import BReader, GemmShape, choose_gemm_tiling
 from kiln.kernels.gemm.run_time_pack import pack_b_at_run_time
@@ -202,10 +202,8 @@ def _gemm(op: str, params: Sequence[Any], args: Sequence[Any], anchor: Any, resu
         return gemm_body(shape, schedule, ab, b_at, store.out, store.epilogue, prologue,
                          isa=isa, prefetch=panels)
 
-    if run_time_b is None:  # a weight packed at compile time: the rule's K unroll
-        with k_unrolling(packed_k_unroll(shape.k)):
-            body = nest(tiling)
-    else:
+    # a weight packed at compile time takes the rule's K unroll; a run-time B the knob's
+    with k_unrolling(packed_k_unroll(shape.k) if run_time_b is None else k_unroll()):
         body = nest(tiling)
     narrow = narrow_columns_tile(shape, tiling, isa) if run_time_b is not None else None
     if narrow is not None:
