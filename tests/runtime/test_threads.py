@@ -33,7 +33,8 @@ from kiln.transform import PassContext
 
 ROWS, COLS = 64, 33
 TIMEOUT = 60  # seconds: far beyond any real wait (no timing is asserted)
-POOL_ENV = ("KILN_NUM_THREADS", "KILN_SPIN_US", "KILN_SERIAL_NS", "KILN_PIN_THREADS")
+POOL_ENV = ("KILN_NUM_THREADS", "KILN_SPIN_US", "KILN_SERIAL_NS", "KILN_PIN_THREADS",
+            "KILN_PROBE_MS")
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
@@ -62,9 +63,11 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def fresh(exported: Path, tmp_path: Path,
           monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., LibraryModule]]:
-    """Load a private copy of the library (its own pool), with a clean environment."""
+    """Load a private copy of the library (its own pool), with a clean environment and
+    no probe (the counters below count hand-offs whatever the host's cores do)."""
     for name in POOL_ENV:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KILN_PROBE_MS", "0")
     opened: list[LibraryModule] = []
 
     def load(**kwargs: object) -> LibraryModule:
@@ -256,7 +259,7 @@ def test_the_pool_counts_the_chunks_and_who_ran_them(
     for _ in range(5):
         run(lib)
     stats = lib.pool_stats()
-    assert (stats.loops, stats.chunks) == (5, 165)
+    assert (stats.loops, stats.chunks) == (5, 165) and stats.probes == 0
     assert 0 <= stats.helped <= 165 and 0 <= stats.stolen <= 165
     caller = stats.chunks - stats.helped
     assert stats.stolen >= caller - 5 * 11  # beyond its own share: other shares' chunks
@@ -405,7 +408,7 @@ def test_the_controls_from_a_c_program(exported: Path, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in POOL_ENV}
     proc = subprocess.run([str(exe), str(exported)], capture_output=True, text=True,
                           timeout=2 * TIMEOUT, env=dict(env, KILN_NUM_THREADS="1",
-                                                        KILN_SERIAL_NS="0"))
+                                                        KILN_SERIAL_NS="0", KILN_PROBE_MS="0"))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("bad -1 set_num_threads: -1 threads: expected 1 to 256")
@@ -468,7 +471,7 @@ def test_each_thread_gets_an_equal_share_of_the_iterations(tmp_path: Path) -> No
     env = {k: v for k, v in os.environ.items() if k not in POOL_ENV}
     proc = subprocess.run([str(exe), *(str(v) for case in cases for v in case)],
                           capture_output=True, text=True, timeout=TIMEOUT,
-                          env=dict(env, KILN_SERIAL_NS="0"))
+                          env=dict(env, KILN_SERIAL_NS="0", KILN_PROBE_MS="0"))
     assert proc.returncode == 0, proc.stderr
     for line, (n, threads) in zip(proc.stdout.splitlines(), cases, strict=True):
         head, _, ranges = line.partition(":")
@@ -480,6 +483,65 @@ def test_each_thread_gets_an_equal_share_of_the_iterations(tmp_path: Path) -> No
             inside = [(b, e) for b, e in got if lo <= b < hi]
             assert sum(e - b for b, e in inside) == hi - lo  # no chunk crosses a share
             assert 1 <= len(inside) <= 16 or hi == lo
+
+
+PROBE_PROGRAM = r"""
+#define _GNU_SOURCE
+#define KILN_HOST_PARALLEL
+#include <kiln/kiln_host.c>
+
+static float data[4096];
+
+static int32_t scale(int64_t begin, int64_t end, void* context) {
+  int64_t i;
+  (void)context;
+  for (i = begin; i < end; ++i) data[i] = data[i] * 0.5f + 1.0f;
+  return 0;
+}
+
+int main(void) {
+  cpu_set_t one;
+  int64_t stats[KILN_POOL_STAT_COUNT];
+  struct timespec pause = {0, 2000000};
+  int k, bad = 0;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  if (sched_setaffinity(0, sizeof one, &one) != 0 || kiln_set_num_threads(2) != 0) return 2;
+  for (k = 0; k < 20; ++k) {
+    if (KILN_PARALLEL_FOR(4096, scale, NULL) != 0) return 3;
+    nanosleep(&pause, NULL); /* past KILN_PROBE_MS: the next loop probes again */
+  }
+  for (k = 0; k < 4096; ++k) bad += data[k] != 2.0f - 2.0f / (float)(1 << 20);
+  kiln_pool_stats(stats, KILN_POOL_STAT_COUNT);
+  printf("%lld %lld %lld %lld %lld %d\n", (long long)stats[KILN_POOL_STAT_PROBES],
+         (long long)stats[KILN_POOL_STAT_SHARED], (long long)stats[KILN_POOL_STAT_ALONE],
+         (long long)stats[KILN_POOL_STAT_LOOPS], (long long)stats[KILN_POOL_STAT_GAIN], bad);
+  return 0;
+}
+"""
+
+
+def test_threads_on_one_cpu_leave_the_loops_to_the_caller(tmp_path: Path) -> None:
+    """The probe (docs/abi.md, "Parallel loops"): a process held to one CPU runs its two
+    threads in turns, so their unit of work takes twice the caller's alone; the probe
+    finds no gain and the next loops run on the caller until the next probe (20 loops,
+    one probe before each: each probe that found no gain leaves its loop to the caller,
+    the others hand it off). Which tries the scheduler disturbs is its choice, so only
+    "at least one" is asserted; the results are exact either way."""
+    source = tmp_path / "probe.c"
+    source.write_text(PROBE_PROGRAM)
+    exe = tmp_path / "probe"
+    subprocess.run(["cc", "-std=c11", "-O2", "-Wall", "-Werror", f"-I{include_dir()}",
+                    str(source), "-o", str(exe), "-pthread"],
+                   check=True, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k not in POOL_ENV}
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=TIMEOUT,
+                          env=dict(env, KILN_SERIAL_NS="0", KILN_PROBE_MS="1"))
+    assert proc.returncode == 0, proc.stderr
+    probes, shared, alone, loops, gain, bad = (int(v) for v in proc.stdout.split())
+    assert probes == 20 and 1 <= shared <= probes, proc.stdout
+    assert alone == shared and alone + loops == 20 and bad == 0, proc.stdout
+    assert gain > 0
 
 
 def test_a_pinned_worker_leaves_the_cpu_its_caller_came_to(

@@ -63,6 +63,14 @@ class PoolStats(NamedTuple):
     # it had been descheduled while it spun: other threads want the CPUs (docs/abi.md,
     # "Parallel loops").
     preempted: int
+    # The probe (every $KILN_PROBE_MS, docs/abi.md "Parallel loops"): times it measured
+    # whether the threads run loops faster than the caller alone, those that found they
+    # do not (they share a core), the loops run on the caller alone since, and the last
+    # probe's gain in thousandths (about 1000 x threads on as many cores, 1000 on one).
+    probes: int
+    shared: int
+    alone: int
+    gain: int
 
 
 class PoolControls:

@@ -776,7 +776,9 @@ __attribute__((destructor)) static void kiln_workspace_unload(void) {
 enum {
   KILN_POOL_MAX_THREADS = 256,
   KILN_POOL_MAX_SPIN_US = 10000000,    /* 10 s */
-  KILN_POOL_DEFAULT_SPIN_US = 20000    /* 20 ms: a server's or camera's next call */
+  KILN_POOL_DEFAULT_SPIN_US = 20000,   /* 20 ms: a server's or camera's next call */
+  KILN_POOL_MAX_PROBE_MS = 60000,      /* KILN_PROBE_MS: 1 minute at most */
+  KILN_POOL_DEFAULT_PROBE_MS = 100     /* whether the threads pay, measured this often */
 };
 /* Loops measured below this many ns run on the caller: a hand-off costs more than it
    saves. The generated host file sets it to the compiler's threshold
@@ -801,6 +803,12 @@ enum {
   KILN_POOL_STAT_SPAN_NS,  /* wall time of handed-off loops, from posting to return */
   KILN_POOL_STAT_PREEMPTED, /* ... of the sleeps, those before the spin window's end: the
                                worker was descheduled while it spun */
+  KILN_POOL_STAT_PROBES,   /* times the pool measured whether its threads pay (KILN_PROBE_MS) */
+  KILN_POOL_STAT_SHARED,   /* ... of them, those that found no gain: the threads share a core */
+  KILN_POOL_STAT_ALONE,    /* loops run on the caller alone because of such a finding */
+  KILN_POOL_STAT_GAIN,     /* the last probe's gain, in thousandths: the threads' work per
+                              unit of time over the caller's alone (about 1000 x threads on
+                              as many cores, about 1000 where they share one) */
   KILN_POOL_STAT_COUNT
 };
 
@@ -895,6 +903,7 @@ enum {
   KILN_POOL_LOADED_NS = 1000000000,
   KILN_POOL_LOADED_SPIN_NS = 200000,
   KILN_POOL_COSTS = 64,         /* loops whose cost the pool remembers */
+  KILN_POOL_PROBE_ROUNDS = 8192, /* the probe's unit: about 12 us (SSE2, Zen 5 at 4 GHz) */
   KILN_POOL_LINE = 64           /* bytes of a cache line: one thread's chunk counter each */
 };
 
@@ -957,6 +966,10 @@ static struct {
   int64_t spin_ns;          /* atomic: the spin window */
   int64_t serial_ns;        /* loops whose measured work is below run on the caller */
   int64_t loaded_until;     /* atomic: until then (ns) workers spin KILN_POOL_LOADED_SPIN_NS */
+  int64_t probe_ns;         /* how often the probe runs (0: never; KILN_PROBE_MS) */
+  int64_t probe_at;         /* when the next probe is due (ns) */
+  int alone;                /* the last probe found no gain: loops run on the caller */
+  int counted;              /* the posted loop goes to the counters (not a probe's) */
   int64_t work_ns;          /* atomic: time the threads spent in chunks of this loop */
   int64_t stats[KILN_POOL_STAT_COUNT]; /* atomic: the counters of KILN_POOL_STATS */
   kiln_pool_body_fn body;            /* the posted loop: written before `generation` */
@@ -1055,6 +1068,8 @@ static void kiln_pool_init(void) {
   kiln_pool.pin = (int)kiln_pool_env("KILN_PIN_THREADS", 0, 1, -1);
   kiln_pool.serial_ns = kiln_pool_env("KILN_SERIAL_NS", 0, 2000000000L,
                                       KILN_POOL_DEFAULT_SERIAL_NS);
+  kiln_pool.probe_ns = kiln_pool_env("KILN_PROBE_MS", 0, KILN_POOL_MAX_PROBE_MS,
+                                     KILN_POOL_DEFAULT_PROBE_MS) * 1000000;
   KILN_STORE(kiln_pool.keep, KILN_POOL_MAX_THREADS);
   KILN_STORE(kiln_pool.spin_ns, kiln_pool_default_spin_ns());
   pthread_atfork(kiln_pool_before_fork, kiln_pool_after_fork_parent, kiln_pool_after_fork_child);
@@ -1096,6 +1111,9 @@ static void kiln_pool_run_chunks(int self) {
   if (start >= 0) {
     int64_t spent = kiln_pool_now_ns() - start;
     KILN_ADD(kiln_pool.work_ns, spent);
+    if (!kiln_pool.counted) {
+      return;
+    }
     KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_WORK_NS], spent);
     KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_CHUNKS], ran);
     KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_STOLEN], stolen);
@@ -1305,6 +1323,8 @@ static void* kiln_pool_worker(void* arg) {
    with fewer. */
 static void kiln_pool_resize(int want) {
   int i, started = kiln_pool.started;
+  kiln_pool.alone = 0; /* another thread count: probe it at the next loop */
+  kiln_pool.probe_at = 0;
   if (started > want) {
     pthread_mutex_lock(&kiln_pool.lock);
     KILN_STORE(kiln_pool.keep, want);
@@ -1418,8 +1438,96 @@ static void kiln_pool_release(void) {
   pthread_mutex_unlock(&kiln_pool.lock);
 }
 
+/* Post a loop to the pool, run chunks of it on the caller and wait for the workers
+   still in it (the caller holds `busy` and there are workers); `*span` is its wall
+   time. A loop not `counted` (the probe's) is left out of the counters. */
+static int32_t kiln_pool_hand_off(int64_t n, kiln_pool_body_fn body, void* context,
+                                  int counted, int64_t* span) {
+  int64_t posted = kiln_pool_now_ns();
+  KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* odd: being posted */
+  kiln_pool_wait_workers(); /* a late worker may still be looking at the previous loop */
+  kiln_pool.body = body;
+  kiln_pool.context = context;
+  kiln_pool.counted = counted;
+  kiln_pool_split(n, kiln_pool.started + 1);
+  KILN_STORE(kiln_pool.post_cpu, kiln_pool_current_cpu());
+  KILN_STORE(kiln_pool.status, 0);
+  KILN_STORE(kiln_pool.work_ns, 0);
+  pthread_mutex_lock(&kiln_pool.lock);
+  KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* even: posted */
+  if (KILN_LOAD(kiln_pool.stats[KILN_POOL_STAT_SLEEPING]) > 0) {
+    pthread_cond_broadcast(&kiln_pool.wake); /* spinning workers see the generation */
+  }
+  pthread_mutex_unlock(&kiln_pool.lock);
+  kiln_pool_in_parallel = 1;
+  kiln_pool_run_chunks(0);
+  kiln_pool_in_parallel = 0;
+  kiln_pool_wait_workers(); /* every chunk is taken: wait for those still running */
+  *span = kiln_pool_now_ns() - posted;
+  return KILN_LOAD(kiln_pool.status);
+}
+
+/* The probe's unit of work: multiplies and adds on twelve independent vectors, as many
+   as the core's floating-point units can take each cycle (in registers on SSE2: no
+   memory traffic), so the core's throughput bounds it as it does the kernels: two
+   threads on two cores each run a unit in the time of one; two threads that share a
+   core's units (SMT siblings, or a hypervisor's vCPUs on one core) take about twice. */
+typedef float kiln_pool_lanes __attribute__((vector_size(16)));
+static volatile float kiln_pool_probe_sink;
+
+#define KILN_POOL_PROBE_STEP(a) (a) = (a) * scale + step
+static int32_t kiln_pool_probe_body(int64_t begin, int64_t end, void* context) {
+  const kiln_pool_lanes scale = {0.999f, 0.999f, 0.999f, 0.999f};
+  const kiln_pool_lanes step = {0.001f, 0.002f, 0.003f, 0.004f};
+  kiln_pool_lanes a0 = step, a1 = a0 + step, a2 = a1 + step, a3 = a2 + step;
+  kiln_pool_lanes a4 = a3 + step, a5 = a4 + step, a6 = a5 + step, a7 = a6 + step;
+  kiln_pool_lanes a8 = a7 + step, a9 = a8 + step, a10 = a9 + step, a11 = a10 + step;
+  int64_t i;
+  int r;
+  (void)context;
+  for (i = begin; i < end; ++i) {
+    for (r = 0; r < KILN_POOL_PROBE_ROUNDS; ++r) { /* each converges to step / 0.001 */
+      KILN_POOL_PROBE_STEP(a0), KILN_POOL_PROBE_STEP(a1), KILN_POOL_PROBE_STEP(a2);
+      KILN_POOL_PROBE_STEP(a3), KILN_POOL_PROBE_STEP(a4), KILN_POOL_PROBE_STEP(a5);
+      KILN_POOL_PROBE_STEP(a6), KILN_POOL_PROBE_STEP(a7), KILN_POOL_PROBE_STEP(a8);
+      KILN_POOL_PROBE_STEP(a9), KILN_POOL_PROBE_STEP(a10), KILN_POOL_PROBE_STEP(a11);
+    }
+  }
+  kiln_pool_probe_sink = (a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11)[0];
+  return 0;
+}
+#undef KILN_POOL_PROBE_STEP
+
+/* Whether the pool's threads run loops faster than the caller alone: one unit of the
+   probe on the caller alone against one unit on each thread at once (the workers
+   woken first by a unit each, so no wake-up is timed; the better of two tries each). Paid
+   if the threads did at least 4/3 of the caller's work per unit of time. Where the
+   threads share one core (SMT siblings, or vCPUs a hypervisor placed on one), a
+   two-thread loop ran 1.5-2.2x slower than on the caller alone (docs/performance.md,
+   "Two threads on one core"); there the loops run on the caller until the next probe. */
+static int kiln_pool_threads_pay(void) {
+  int64_t threads = kiln_pool.started + 1, alone = INT64_MAX, together = INT64_MAX, span, start;
+  int i;
+  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_PROBES], 1);
+  kiln_pool_hand_off(threads, kiln_pool_probe_body, NULL, 0, &span);
+  for (i = 0; i < 2; ++i) {
+    start = kiln_pool_now_ns();
+    kiln_pool_probe_body(0, 1, NULL);
+    span = kiln_pool_now_ns() - start;
+    alone = span < alone ? span : alone;
+    kiln_pool_hand_off(threads, kiln_pool_probe_body, NULL, 0, &span);
+    together = span < together ? span : together;
+  }
+  KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_GAIN], 1000 * threads * alone / together);
+  if (3 * threads * alone >= 4 * together) {
+    return 1;
+  }
+  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SHARED], 1);
+  return 0;
+}
+
 KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* context) {
-  int64_t *cost, posted;
+  int64_t *cost, span;
   int32_t status;
   int want;
   if (n <= 0) {
@@ -1459,28 +1567,21 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
     kiln_pool_release();
     return status;
   }
-  posted = kiln_pool_now_ns();
-  KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* odd: being posted */
-  kiln_pool_wait_workers(); /* a late worker may still be looking at the previous loop */
-  kiln_pool.body = body;
-  kiln_pool.context = context;
-  kiln_pool_split(n, kiln_pool.started + 1);
-  KILN_STORE(kiln_pool.post_cpu, kiln_pool_current_cpu());
-  KILN_STORE(kiln_pool.status, 0);
-  KILN_STORE(kiln_pool.work_ns, 0);
-  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_LOOPS], 1);
-  pthread_mutex_lock(&kiln_pool.lock);
-  KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* even: posted */
-  if (KILN_LOAD(kiln_pool.stats[KILN_POOL_STAT_SLEEPING]) > 0) {
-    pthread_cond_broadcast(&kiln_pool.wake); /* spinning workers see the generation */
+  if (kiln_pool.probe_ns > 0 && kiln_pool_now_ns() >= kiln_pool.probe_at) {
+    kiln_pool.alone = !kiln_pool_threads_pay();
+    kiln_pool.probe_at = kiln_pool_now_ns() + kiln_pool.probe_ns;
   }
-  pthread_mutex_unlock(&kiln_pool.lock);
-  kiln_pool_in_parallel = 1;
-  kiln_pool_run_chunks(0);
-  kiln_pool_in_parallel = 0;
-  kiln_pool_wait_workers(); /* every chunk is taken: wait for those still running */
-  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SPAN_NS], kiln_pool_now_ns() - posted);
-  status = KILN_LOAD(kiln_pool.status);
+  if (kiln_pool.alone) {
+    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_ALONE], 1);
+    kiln_pool_in_parallel = 1;
+    status = body(0, n, context);
+    kiln_pool_in_parallel = 0;
+    kiln_pool_release();
+    return status;
+  }
+  status = kiln_pool_hand_off(n, body, context, 1, &span);
+  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_LOOPS], 1);
+  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SPAN_NS], span);
   *cost = kiln_pool_per_iteration(KILN_LOAD(kiln_pool.work_ns), n);
   kiln_pool_release();
   return status;
