@@ -778,7 +778,7 @@ enum {
   KILN_POOL_MAX_SPIN_US = 10000000,    /* 10 s */
   KILN_POOL_DEFAULT_SPIN_US = 20000,   /* 20 ms: a server's or camera's next call */
   KILN_POOL_MAX_PROBE_MS = 60000,      /* KILN_PROBE_MS: 1 minute at most */
-  KILN_POOL_DEFAULT_PROBE_MS = 100     /* whether the threads pay, measured this often */
+  KILN_POOL_DEFAULT_PROBE_MS = 100     /* whether the threads pay: after this much loop time */
 };
 /* Loops measured below this many ns run on the caller: a hand-off costs more than it
    saves. The generated host file sets it to the compiler's threshold
@@ -966,8 +966,8 @@ static struct {
   int64_t spin_ns;          /* atomic: the spin window */
   int64_t serial_ns;        /* loops whose measured work is below run on the caller */
   int64_t loaded_until;     /* atomic: until then (ns) workers spin KILN_POOL_LOADED_SPIN_NS */
-  int64_t probe_ns;         /* how often the probe runs (0: never; KILN_PROBE_MS) */
-  int64_t probe_at;         /* when the next probe is due (ns) */
+  int64_t probe_ns;         /* the loops' time between two probes (0: never; KILN_PROBE_MS) */
+  int64_t since_probe;      /* the loops' wall time since the last probe (ns) */
   int alone;                /* the last probe found no gain: loops run on the caller */
   int counted;              /* the posted loop goes to the counters (not a probe's) */
   int64_t work_ns;          /* atomic: time the threads spent in chunks of this loop */
@@ -1324,7 +1324,7 @@ static void* kiln_pool_worker(void* arg) {
 static void kiln_pool_resize(int want) {
   int i, started = kiln_pool.started;
   kiln_pool.alone = 0; /* another thread count: probe it at the next loop */
-  kiln_pool.probe_at = 0;
+  kiln_pool.since_probe = kiln_pool.probe_ns;
   if (started > want) {
     pthread_mutex_lock(&kiln_pool.lock);
     KILN_STORE(kiln_pool.keep, want);
@@ -1567,19 +1567,24 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
     kiln_pool_release();
     return status;
   }
-  if (kiln_pool.probe_ns > 0 && kiln_pool_now_ns() >= kiln_pool.probe_at) {
+  /* Probed by the loops' time, not the clock's: a server called now and then pays
+     for a probe once per that much work, not on every call after a pause. */
+  if (kiln_pool.probe_ns > 0 && kiln_pool.since_probe >= kiln_pool.probe_ns) {
     kiln_pool.alone = !kiln_pool_threads_pay();
-    kiln_pool.probe_at = kiln_pool_now_ns() + kiln_pool.probe_ns;
+    kiln_pool.since_probe = 0;
   }
   if (kiln_pool.alone) {
-    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_ALONE], 1);
+    span = kiln_pool_now_ns();
     kiln_pool_in_parallel = 1;
     status = body(0, n, context);
     kiln_pool_in_parallel = 0;
+    kiln_pool.since_probe += kiln_pool_now_ns() - span;
+    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_ALONE], 1);
     kiln_pool_release();
     return status;
   }
   status = kiln_pool_hand_off(n, body, context, 1, &span);
+  kiln_pool.since_probe += span;
   KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_LOOPS], 1);
   KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SPAN_NS], span);
   *cost = kiln_pool_per_iteration(KILN_LOAD(kiln_pool.work_ns), n);
