@@ -968,7 +968,8 @@ static struct {
   int64_t loaded_until;     /* atomic: until then (ns) workers spin KILN_POOL_LOADED_SPIN_NS */
   int64_t probe_ns;         /* the loops' time between two probes (0: never; KILN_PROBE_MS) */
   int64_t since_probe;      /* the loops' wall time since the last probe (ns) */
-  int alone;                /* the last probe found no gain: loops run on the caller */
+  int alone;                /* atomic: the last probe found no gain: loops run on the caller,
+                               and idle workers sleep at once (no spinning beside it) */
   int counted;              /* the posted loop goes to the counters (not a probe's) */
   int64_t work_ns;          /* atomic: time the threads spent in chunks of this loop */
   int64_t stats[KILN_POOL_STAT_COUNT]; /* atomic: the counters of KILN_POOL_STATS */
@@ -1257,6 +1258,9 @@ static void kiln_pool_idle(unsigned long seen, int index) {
       }
       KILN_PAUSE();
     }
+    if (KILN_LOAD(kiln_pool.alone)) {
+      break; /* the loops run on the caller: a spinning sibling would slow it */
+    }
     now = kiln_pool_now_ns();
     if (now - start >= window) {
       break;
@@ -1323,7 +1327,7 @@ static void* kiln_pool_worker(void* arg) {
    with fewer. */
 static void kiln_pool_resize(int want) {
   int i, started = kiln_pool.started;
-  kiln_pool.alone = 0; /* another thread count: probe it at the next loop */
+  KILN_STORE(kiln_pool.alone, 0); /* another thread count: probe it at the next loop */
   kiln_pool.since_probe = kiln_pool.probe_ns;
   if (started > want) {
     pthread_mutex_lock(&kiln_pool.lock);
@@ -1570,10 +1574,11 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
   /* Probed by the loops' time, not the clock's: a server called now and then pays
      for a probe once per that much work, not on every call after a pause. */
   if (kiln_pool.probe_ns > 0 && kiln_pool.since_probe >= kiln_pool.probe_ns) {
-    kiln_pool.alone = !kiln_pool_threads_pay();
+    KILN_STORE(kiln_pool.alone, 0); /* the workers spin through the probe */
+    KILN_STORE(kiln_pool.alone, !kiln_pool_threads_pay());
     kiln_pool.since_probe = 0;
   }
-  if (kiln_pool.alone) {
+  if (KILN_LOAD(kiln_pool.alone)) {
     span = kiln_pool_now_ns();
     kiln_pool_in_parallel = 1;
     status = body(0, n, context);
