@@ -15,7 +15,9 @@ sleep, and a warm-up), reading every kernel's time after every call. Printed: th
 median per call of each kernel and of the whole call (`perf_counter`, Python's call
 included) per library, and the share of the chunks the library's workers ran
 (`PoolStats.helped / chunks`: near `1 - 1/threads` the second thread took part; near 0
-it was off its core and the run says nothing about splitting) and the share of the
+it was off its core and the run says nothing about splitting; the share of the loops
+the pool ran on the caller alone because its probe found the threads sharing a core,
+docs/abi.md "Parallel loops") and the share of the
 pool's time its threads spent in chunks (`work_ns / (span_ns * threads)`; the rest they
 waited for a thread still in its last chunk of a loop). Medians of single calls
 are what a shared machine disturbs least; on a loaded one, raise the process's priority
@@ -128,7 +130,7 @@ def main() -> None:
         rng = np.random.default_rng(0)
         inputs = [rng.standard_normal(p["shape"]).astype(p["dtype"]) for p in params]
         times: list[dict[str, list[float]]] = [{} for _ in libs]
-        helped = [[0, 0, 0, 0] for _ in libs]  # helped, chunks, work_ns, span_ns
+        helped = [[0, 0, 0, 0, 0, 0] for _ in libs]  # helped, chunks, work, span, loops, alone
         for _ in range(args.blocks):
             for lib, per, share in zip(libs, times, helped, strict=True):
                 fn = lib["main"]
@@ -149,6 +151,8 @@ def main() -> None:
                 share[1] += after.chunks - before.chunks
                 share[2] += after.work_ns - before.work_ns
                 share[3] += after.span_ns - before.span_ns
+                share[4] += after.loops - before.loops
+                share[5] += after.alone - before.alone
     print(f"{args.onnx or args.model}, {args.threads} thread(s): median us per call, "
           f"{args.blocks} blocks of {args.calls} calls per library")
     names = sorted(times[0], key=lambda k: -statistics.median(times[0][k]))
@@ -158,9 +162,11 @@ def main() -> None:
             f"{statistics.median(t[name]) if name in t else float('nan'):26.2f}"
             for t in times))
     print(f"{'helped / chunks':<32}" + "".join(
-        f"{h / max(c, 1):26.2f}" for h, c, _, _ in helped))
+        f"{h / max(c, 1):26.2f}" for h, c, *_ in helped))
     print(f"{'work / (span * threads)':<32}" + "".join(
-        f"{w / max(span * args.threads, 1):26.3f}" for _, _, w, span in helped))
+        f"{w / max(span * args.threads, 1):26.3f}" for _, _, w, span, *_ in helped))
+    print(f"{'alone / (loops + alone)':<32}" + "".join(  # the probe: threads sharing a core
+        f"{a / max(n + a, 1):26.2f}" for *_, n, a in helped))
 
 
 if __name__ == "__main__":
