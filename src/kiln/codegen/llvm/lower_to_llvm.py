@@ -857,25 +857,7 @@ EXPR_RULES: dict[type, Callable[[Any, Any], ir.Value]] = {
 
 def _inlines_calls(fn: PrimFunc) -> bool:
     """Whether `fn`'s calls may be inlined: at most MAX_INLINED_CALL_SITES of them."""
-    return sum(isinstance(x, CallFunc) for x in _statements(fn.body)) <= MAX_INLINED_CALL_SITES
-
-
-def _statements(s: Stmt) -> list[Stmt]:
-    """Every statement under `s` (itself included)."""
-    out: list[Stmt] = []
-    stack = [s]
-    while stack:
-        x = stack.pop()
-        out.append(x)
-        if isinstance(x, SeqStmt):
-            stack.extend(x.body)
-        elif isinstance(x, (For, While)):
-            stack.append(x.body)
-        elif isinstance(x, IfThenElse):
-            stack.append(x.then_body)
-            if x.else_body is not None:
-                stack.append(x.else_body)
-    return out
+    return sum(isinstance(x, CallFunc) for x in iter_stmts(fn.body)) <= MAX_INLINED_CALL_SITES
 
 
 def _store(fl: FunctionLowering, s: Store) -> None:
