@@ -239,11 +239,13 @@ def test_only_a_3x3_stride_1_stem_stays_float32() -> None:
 
 
 @pytest.mark.parametrize("c_out,hw,stride", [(64, 56, 1), (128, 28, 2), (512, 7, 1),
-                                             (32, 28, 1), (96, 14, 1), (16, 4, 1)])
+                                             (32, 28, 1), (96, 14, 1), (208, 14, 1),
+                                             (16, 4, 1)])
 def test_tiles_hold_enough_accumulators(c_out: int, hw: int, stride: int) -> None:
     """A 3x3 layer's tile (`bf16_tile`) holds the profile's `bf16_min_accumulators`
     where its channels and positions have them, pads no more output channels than
-    whole 4-vector tiles would, fits the 32 registers with its weight vectors and
+    one vector, is one vector wide only where the outputs are (208 channels: 2 x 10, not
+    1 x 14), fits the 32 registers with its weight vectors and
     broadcasts, and covers the positions in tiles of even width; 1x1 layers keep the
     float32 pointwise rule's channels, its positions widened only where its tile holds
     fewer accumulators (1 or 2 vectors), in no more tiles."""
@@ -254,7 +256,8 @@ def test_tiles_hold_enough_accumulators(c_out: int, hw: int, stride: int) -> Non
     cb, width = bf16_tile(shape, isa)
     vectors, positions = cb // lanes, shape.out_h * shape.out_w
     assert least > 12  # above the float32 rule's 2 vectors x 6 positions
-    assert cb % lanes == 0 and -(-c_out // cb) * cb - c_out < lanes
+    assert cb % lanes == 0 and -(-c_out // cb) * cb - c_out <= lanes
+    assert vectors >= min(2, -(-c_out // lanes))
     assert vectors * width + vectors + width <= tile_registers(isa)
     tiles = -(-positions // width)
     assert tiles * width - positions < tiles

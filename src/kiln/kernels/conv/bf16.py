@@ -149,13 +149,19 @@ def widened(shape: ConvShape, tile: tuple[int, int], isa: ISA) -> tuple[int, int
     (`pointwise_tile`'s choice), by the positions that reach the floor, at most those that
     fit the registers with a weight vector each and a broadcast per position (4 x 5,
     3 x 7, 2 x 10, 1 x 15 on 32 registers), then evened out over the tiles that takes
-    (16 positions: 2 tiles of 8, not 15 and 1)."""
+    (16 positions: 2 tiles of 8, not 15 and 1). A layer that is not 1x1 and has more than
+    one vector of outputs takes two vectors or more, though they pad a vector: one
+    vector's tile loads a broadcast word per multiply-add, two halve that (GoogLeNet's
+    96 > 208 3x3 at 14x14, 13 vectors: 1 x 14 ran about 15% slower than 2 x 10; a 1x1
+    layer of 7 vectors ran level either way)."""
     lanes, registers = tile_lanes(isa), tile_registers(isa)
     least = isa.profile.bf16_min_accumulators
     if tile[0] // lanes * tile[1] >= least:
         return tile
     vecs = -(-shape.c_out // lanes)
-    v = min(range(min(POINTWISE_VECTORS, vecs), 0, -1), key=lambda v: -(-vecs // v) * v)
+    fewest = 2 if vecs > 1 and (shape.kh, shape.kw) != (1, 1) else 1
+    v = min(range(min(POINTWISE_VECTORS, vecs), fewest - 1, -1),
+            key=lambda v: -(-vecs // v) * v)
     positions = shape.out_h * shape.out_w
     width = min(-(-least // v), (registers - v) // (v + 1))
     return v * lanes, -(-positions // -(-positions // width))
