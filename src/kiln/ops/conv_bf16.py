@@ -35,10 +35,7 @@ converted workspace.
 float32 NCHW{b}c tensor of an even count of blocks into those words: word
 `(n, p, i, j, v)` pairs lane `v` of blocks `2p` (low half) and `2p + 1` at position
 `(i - top, j - left)` (words of two zeros in the border), each value rounded to nearest,
-ties to even; `flat` (no pads) numbers the positions `i * w + j`. With `keeps_float32`
-(KEEPS_FLOAT32) the tensor is also read by other ops: the kernel of its producer's group
-then stores both, the tensor and its words (kiln.transform.fuse_ops); the op's value is
-the words either way.
+ties to even; `flat` (no pads) numbers the positions `i * w + j`.
 
 The reference rounds the input to bfloat16 as the kernel does (kiln.kernels.conv.bf16)
 and sums in float32; the te compute (the fallback where the kernel is not built) reads
@@ -69,8 +66,6 @@ CONV_BF16 = "conv2d_nchwc_bf16"
 #: The attribute of a call whose input is already its words (`bf16_words`).
 WORDS_INPUT = "words_input"
 BF16_WORDS = "bf16_words"
-#: The `bf16_words` attribute of a tensor other ops read too (stored beside its words).
-KEEPS_FLOAT32 = "keeps_float32"
 #: The float32 tensor each `bf16_words` compute rounds and its pads, by its result
 #: (`words_source`).
 _WORD_SOURCES: weakref.WeakKeyDictionary[te.Tensor, WordsSource] = weakref.WeakKeyDictionary()
@@ -347,8 +342,6 @@ class WordsSource:
     tensor: te.Tensor
     pads: tuple[int, int, int, int]
     flat: bool
-    #: Whether the kernel stores `tensor` too (KEEPS_FLOAT32).
-    keeps: bool = False
 
 
 def words_source(words: te.Tensor) -> WordsSource | None:
@@ -392,7 +385,7 @@ def _words_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     flat, pads = bool(attrs.get("flat")), _words_pads(attrs)
     out = te.compute(words_shape(x.shape, pads, flat), flat_word if flat else word, "int32",
                      BF16_WORDS)
-    _WORD_SOURCES[out] = WordsSource(x, pads, flat, bool(attrs.get(KEEPS_FLOAT32)))
+    _WORD_SOURCES[out] = WordsSource(x, pads, flat)
     return out
 
 

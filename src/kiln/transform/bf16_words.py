@@ -20,13 +20,8 @@ Taken where the readers' words are whole pairs of blocks of the value (an even c
 where the producer's channel tile covers whole pairs of blocks. A strided unpadded 1x1
 reader (which converted only the positions it reads) reads every other stored word.
 ResNet's bottlenecks: the 1x1 -> 3x3 and 3x3 -> 1x1 edges, and a stage's first block
-input (read by its 1x1 layer and its strided 1x1 shortcut).
-
-A value some of whose readers are not such convolutions (a residual add, a convolution
-wanting other pads) keeps its float32 tensor for them: its `bf16_words` gets
-`keeps_float32` and the producer's kernel stores both, the float32 value and its words,
-in the same loop (FuseOps makes the group's call return the pair). The words go to the
-readers of the layout most of them want.
+input (read by its 1x1 layer and its strided 1x1 shortcut); a block output that also
+feeds the next residual add stays float32.
 """
 
 from __future__ import annotations
@@ -43,7 +38,6 @@ from kiln.ops import call
 from kiln.ops.conv_bf16 import (
     BF16_WORDS,
     CONV_BF16,
-    KEEPS_FLOAT32,
     ROW_TAPS,
     WORDS_INPUT,
     bf16_conv_shape,
@@ -52,7 +46,7 @@ from kiln.ops.conv_bf16 import (
 )
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
 from kiln.target.isa import ISA
-from kiln.transform.fuse_rule import FUSABLE_TAIL, MAX_FUSED_OPS, chain, pattern
+from kiln.transform.fuse_rule import MAX_FUSED_OPS, chain
 
 
 def _blocked(t: object, block: int) -> bool:
@@ -95,24 +89,6 @@ def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
     return j is not None and stores_words(cast(g.Call, bindings[j].value), block)
 
 
-def _readers(convs: list[g.Binding], block: int
-             ) -> tuple[list[g.Binding], tuple[tuple[int, int, int, int], bool]] | None:
-    """Of the bindings `convs` reading a value, the bfloat16 convolutions that take its
-    words in the layout most of them want (pads, flat), and that layout; None: none."""
-    layouts: dict[tuple[tuple[int, int, int, int], bool], list[g.Binding]] = {}
-    for c in convs:
-        conv = cast(g.Call, c.value)
-        if reads_words(conv, block):
-            s = bf16_conv_shape([a.type for a in conv.args], conv.attrs)
-            layouts.setdefault((s.pads, flat_words((s.kh, s.kw), s.pads)), []).append(c)
-    if not layouts:
-        return None
-    # a tie: a padded layout, whose conversion writes every position, not a strided
-    # 1x1 reader's quarter of them
-    layout = max(layouts, key=lambda k: (len(layouts[k]), not k[1]))
-    return layouts[layout], layout
-
-
 def store_words(fn: g.Function, isa: ISA) -> g.Function:
     """`fn` with the words of each value that qualifies (module docstring) computed after
     it and read by its consumers in its place."""
@@ -130,24 +106,22 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
     after: dict[int, g.Binding] = {}     # id(value var) -> its words' binding
     replaced: dict[int, g.Binding] = {}  # id(consumer var) -> the consumer reading words
     for k, b in enumerate(fn.bindings):
-        taken = _readers(readers.get(id(b.var), []), block)
-        if (taken is None or id(b.var) in returned
-                or not _producer(fn.bindings, k, uses, block)):
+        convs = readers.get(id(b.var), [])
+        if not (convs and len(convs) == uses[b.var] and id(b.var) not in returned
+                and all(reads_words(cast(g.Call, c.value), block) for c in convs)
+                and _producer(fn.bindings, k, uses, block)):
             continue
-        convs, (pads, flat) = taken
-        taking = {id(c) for c in convs}
-        if not all(isinstance(r.value, g.Call) and (pattern(r.value.op) in FUSABLE_TAIL
-                                                    or r.value.op == CONV_BF16)
-                   for r in readers[id(b.var)] if id(r) not in taking):
-            continue  # the float32 value stays one group's only output (a concat's view)
-        keeps = sum(1 for c in convs for a in cast(g.Call, c.value).args if a is b.var)
-        words = call(BF16_WORDS, b.var, pads=pads, flat=flat,
-                     **({KEEPS_FLOAT32: True} if keeps < uses[b.var] else {}))
+        shapes = [bf16_conv_shape([a.type for a in cast(g.Call, c.value).args],
+                                  cast(g.Call, c.value).attrs) for c in convs]
+        layouts = {(s.pads, flat_words((s.kh, s.kw), s.pads)) for s in shapes}
+        if len(layouts) != 1:
+            continue  # the consumers want different borders
+        ((pads, flat),) = layouts
+        words = call(BF16_WORDS, b.var, pads=pads, flat=flat)
         var = g.Var(f"{b.var.name}_words", words.ret_type)
         after[id(b.var)] = g.Binding(var, words)
-        for c in convs:
+        for c, shape in zip(convs, shapes, strict=True):
             conv = cast(g.Call, c.value)
-            shape = bf16_conv_shape([a.type for a in conv.args], conv.attrs)
             replaced[id(c.var)] = g.Binding(c.var, call(
                 CONV_BF16, var, *conv.args[1:], **dict(conv.attrs),
                 **{WORDS_INPUT: (shape.h, shape.w)}))
@@ -168,11 +142,3 @@ def words_tail(group: list[g.Binding], value: g.Expr) -> bool:
     return (isinstance(value, g.Call) and value.op == BF16_WORDS
             and value.args[0] is group[-1].var
             and isinstance(first, g.Call) and first.op == CONV_BF16)
-
-
-def stores_both(group: list[g.Binding]) -> bool:
-    """Whether `group` ends in the words of its value before them, which other ops read
-    too (KEEPS_FLOAT32): its kernel then stores both (kiln.transform.fuse_ops)."""
-    last = group[-1].value
-    return (len(group) >= 2 and words_tail(group[:-1], last)
-            and bool(cast(g.Call, last).attrs.get(KEEPS_FLOAT32)))

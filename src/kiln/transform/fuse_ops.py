@@ -27,9 +27,8 @@ concatenation of a stride-2 unit) is first moved onto the concat's inputs, each 
 after its producer, where it joins the producer's group (kiln.transform.concat_tails).
 A channel shuffle of a grouped 1x1 convolution on the bfloat16 nest becomes that
 convolution's stores (kiln.transform.channel_shuffles). A bfloat16 convolution's output
-read by bfloat16 convolutions is stored as their words (its `bf16_words` joins
-the group: kiln.transform.bf16_words); where other ops read it too, the group's kernel
-stores both and its call returns the pair (`stores_both`).
+read only by bfloat16 convolutions is stored as their words (its `bf16_words` joins
+the group: kiln.transform.bf16_words).
 
 A group holds at most `max_group` ops (default `MAX_FUSED_OPS`): the fused
 kernel's expression nests one level per op, so the cap keeps every expression
@@ -49,12 +48,12 @@ from kiln.ir.attrs import ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimFunc
-from kiln.ir.types import TensorType, TupleType
+from kiln.ir.types import TensorType
 from kiln.kernels import specialisation
 from kiln.kernels.lowering import lowering_for
 from kiln.ops import get_op, te
 from kiln.target.isa import ISA
-from kiln.transform.bf16_words import store_words, stores_both, words_tail
+from kiln.transform.bf16_words import store_words, words_tail
 from kiln.transform.channel_shuffles import fold_shuffles, shuffled_stores
 from kiln.transform.concat_tails import move_onto_concat_inputs
 from kiln.transform.fuse_rule import FUSABLE_TAIL, MAX_FUSED_OPS, closed, extends, pattern
@@ -94,7 +93,7 @@ def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[A
         if len(grp) <= 1:
             bindings.extend(grp)
             continue
-        bindings.extend(_fuse_group(grp, functions, cache, isa))
+        bindings.append(_fuse_group(grp, functions, cache, isa))
     return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))
 
 
@@ -122,7 +121,7 @@ def _groups(bindings: tuple[g.Binding, ...], uses: Counter[g.Var],
             # an elementwise tail, or the chain a row op (softmax, layer_norm) computes
             # as it reads its rows
             grp.append(bindings[i + len(grp)])
-        while not closed(grp, uses, 2 if stores_both(grp) else 1):
+        while not closed(grp, uses):
             grp.pop()
         groups.append(grp)
         i += len(grp)
@@ -199,9 +198,7 @@ def _numel(t: object) -> int | None:
 
 
 def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
-                cache: dict[Any, str], isa: ISA) -> list[g.Binding]:
-    """The binding(s) of `group`'s kernel call: one, or where it stores a value and its
-    words (`stores_both`) the call's pair and a binding of each."""
+                cache: dict[Any, str], isa: ISA) -> g.Binding:
 
     inside = {id(b.var): k for k, b in enumerate(group)}
     externals: list[g.Expr] = []
@@ -231,19 +228,13 @@ def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
     except TypeError:  # an unhashable attribute: do not share
         key = ("unshared", id(group[0]))
     name = cache.get(key)
-    outputs = group[-2:] if stores_both(group) else group[-1:]
     if name is None:
         name = _unique(functions, "fused_" + "_".join(
             b.value.op for b in group if isinstance(b.value, g.Call)))
-        functions[name] = _lower_group(group, externals, inside, name, isa, len(outputs))
+        functions[name] = _lower_group(group, externals, inside, name, isa)
         cache[key] = name
-    if len(outputs) == 1:
-        return [g.Binding(outputs[0].var, g.CallTensor(name, tuple(externals),
-                                                       outputs[0].var.type))]
-    both = TupleType(tuple(b.var.type for b in outputs))
-    pair = g.Var(f"{outputs[0].var.name}_and_words", both)
-    return [g.Binding(pair, g.CallTensor(name, tuple(externals), both)),
-            *(g.Binding(b.var, g.TupleGetItem(pair, k)) for k, b in enumerate(outputs))]
+    last = group[-1]
+    return g.Binding(last.var, g.CallTensor(name, tuple(externals), last.var.type))
 
 
 def _operand_key(group: list[g.Binding], externals: list[g.Expr], ext_index: dict[int, int],
@@ -278,8 +269,7 @@ def _anchor(group: list[g.Binding]) -> int:
 
 
 def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[int, int],
-                 name: str, isa: ISA, outputs: int = 1) -> PrimFunc:
-    """The group's kernel, writing its last `outputs` values."""
+                 name: str, isa: ISA) -> PrimFunc:
     placeholders = []
     for k, e in enumerate(externals):
         t = e.type
@@ -312,7 +302,7 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
     if lowering is not None and not static and specialisation.active():
         with specialisation.naming(group[k].var):
             specialisation.note_lowering(first, lowering)
-    prim: PrimFunc = te.lower(placeholders, values[-outputs:], name)
+    prim: PrimFunc = te.lower(placeholders, [values[-1]], name)
     return prim.with_attrs(**{ATTR_PRIVATE: True})
 
 

@@ -68,15 +68,15 @@ def has_hand_kernel(call: g.Call) -> bool:
     return lowering is not None and lowering.builds(call)
 
 
-def closed(group: Sequence[g.Binding], uses: Counter[g.Var], outputs: int = 1) -> bool:
-    """Whether every group value but the last `outputs` is read only inside the group
-    (the kernel writes only those)."""
+def closed(group: Sequence[g.Binding], uses: Counter[g.Var]) -> bool:
+    """Whether every group value but the last is read only inside the group (the kernel
+    writes only the last)."""
     inside: Counter[int] = Counter()
     for b in group:
         assert isinstance(b.value, g.Call)
         for a in b.value.args:
             inside[id(a)] += 1
-    return all(inside[id(b.var)] == uses[b.var] for b in group[:len(group) - outputs])
+    return all(inside[id(b.var)] == uses[b.var] for b in group[:-1])
 
 
 def chain(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var], head: str,

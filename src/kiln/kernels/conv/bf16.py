@@ -185,9 +185,6 @@ class _Layer:
     #: The border (top, left, bottom, right) of the consumers' words the tiles store
     #: (`word_tile_stores`); None: float32 NCHW{b}c stores.
     word_pads: tuple[int, int, int, int] | None = None
-    #: The float32 NCHW{b}c output stored beside the words (`bf16_words` with
-    #: `keeps_float32`); None: the words alone.
-    floats: Buffer | None = None
 
     @property
     def pairs(self) -> Any:
@@ -518,7 +515,7 @@ def _tile(layer: _Layer, n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
     out_block = layer.block
     if layer.word_pads is not None:
         stores = word_tile_stores(layer.out, stage, layer.epilogue, n, ob, rows, cols, real,
-                                  out_block, layer.word_pads, shape.out_w, layer.floats)
+                                  out_block, layer.word_pads, shape.out_w)
     else:
         stores = blocked_tile_stores(layer.out, stage, layer.epilogue, n, ob, rows, cols,
                                      real, out_block, layer.c_out, layer.blocks,
@@ -587,8 +584,6 @@ class NchwcBf16(Family):
             return None
         out = store.out if source is None else Buffer(
             "out", words_shape(conv_out, source.pads, source.flat), "int32")
-        # the float32 value too, where other ops read it (`keeps_float32`)
-        floats = store.out if source is not None and source.keeps else None
         epilogue = store.epilogue
         if len(args) > 2:
             epilogue = blocked_bias(epilogue, store.buffers[args[2]], block)
@@ -622,7 +617,7 @@ class NchwcBf16(Family):
                 width = lanes
             pf = WeightPrefetch(w_buf, int(np.prod(words[1:]))) if prefetch else None
             layer = _Layer(inner, xb, w_buf, out, epilogue, width, block, cb,
-                           tile_w, shape.c_out, pf, reader, word_pads, floats)
+                           tile_w, shape.c_out, pf, reader, word_pads)
             return seq(*prologue, bf16_conv_body(layer))
 
         stmt = None
@@ -642,8 +637,7 @@ class NchwcBf16(Family):
                 fattrs[ATTR_ARG_DIMS] = ((WIDTH_NAME, xs, 1), (WORDS_NAME, ws, 1))
         if stmt is None:
             stmt = body(shape, x_buf, w_buf)
-        outs = (out,) if floats is None else (floats, out)
-        return PrimFunc((*buffers, *outs), stmt, fattrs)
+        return PrimFunc((*buffers, out), stmt, fattrs)
 
     def width_key(self, call: g.Call, isa: ISA) -> Hashable | None:
         """What a kernel of `call` over a run-time channel count (`run_time_width`) is

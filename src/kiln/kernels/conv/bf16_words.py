@@ -33,16 +33,13 @@ def stored_words(x: Buffer, shape: ConvShape) -> tuple[Buffer, ConvShape]:
 def word_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimExpr,
                      ob: PrimExpr, rows: list[PrimExpr], cols: list[PrimExpr],
                      real: list[PrimExpr | None], block: int,
-                     pads: tuple[int, int, int, int], width: int,
-                     floats: Buffer | None = None) -> list[Stmt]:
+                     pads: tuple[int, int, int, int], width: int) -> list[Stmt]:
     """The stores of a tile of `len(rows)` positions x `cb` output channels (channel tile
     `ob`; `cb` a multiple of two blocks), staged in `stage`, as words into `out`
     (`[n][P][rows][cols][block]`, the border `pads` wide, or `[n][P][positions][block]`
     over rows of `width` positions): one vector of `block` words
     per position and pair of blocks; a pair past `out`'s is not stored, nor a slot whose
-    `real` condition (None: always real) is false. With `floats` (the float32 NCHW{b}c
-    output other ops read) the pair's two vectors are stored there too, in the same
-    loop, and the word rounds the values stored."""
+    `real` condition (None: always real) is false."""
     subs = int(stage.shape[1]) // (2 * block)
     pairs = int(out.shape[1])
     top, left = pads[:2]
@@ -52,17 +49,9 @@ def word_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimExpr
         at = ((n, pair, oh * width + ow) if out.ndim == 4
               else (n, pair, oh + top, ow + left))
         lo, hi = (_c((2 * sub + k) * block) for k in (0, 1))
-
-        def lane(v: PrimExpr) -> Stmt:
-            idx = [(n, 2 * pair + k, oh, ow, v) for k in (0, 1)]
-            values = [epilogue(stage[_c(r), c + v], i) for c, i in zip((lo, hi), idx)]
-            if floats is None:
-                return Store(out, bf16_word(*values), (*at, v))
-            # the values as stored (the epilogue once; LLVM forwards the stores)
-            return seq(*(Store(floats, x, i) for x, i in zip(values, idx)),
-                       Store(out, bf16_word(*(floats[i] for i in idx)), (*at, v)))
-
-        st: Stmt = lanes_loop("v", block, lane)
+        st: Stmt = lanes_loop("v", block, lambda v: Store(out, bf16_word(
+            epilogue(stage[_c(r), lo + v], (n, 2 * pair, oh, ow, v)),
+            epilogue(stage[_c(r), hi + v], (n, 2 * pair + 1, oh, ow, v))), (*at, v)))
         if pairs % subs:  # the last channel tile's pairs past the output
             st = IfThenElse(pair < pairs, st)
         cond = real[r]
