@@ -4,12 +4,12 @@ Each `conv2d_nchwc_bf16` converts its float32 NCHW{b}c input into a workspace of
 words of bfloat16 pairs before its tiles (kiln.kernels.conv.bf16, `converted_input`):
 it reads the float32 activations and writes half their bytes as words, every layer.
 Where a value is a bfloat16 convolution's output, seen through the elementwise ops that
-FuseOps joins to it (its ReLU, a residual add: each the binding right after the one it
-reads, which nothing else reads), and every reader of the value is a bfloat16
-convolution that would convert it into a workspace of the same layout (the same pads),
-the value's words are computed instead (`bf16_words`, kiln.ops.conv_bf16, under those
-pads; one row of positions for unpadded 1x1 readers) and the readers take them in place
-(attribute `words_input`). FuseOps then joins `bf16_words` to the producer's group
+FuseOps joins to it (its ReLU, a residual add: the group FuseOps would make of it, by
+the rule both passes take from kiln.transform.fuse_rule), and every reader of the value
+is a bfloat16 convolution that would convert it into a workspace of the same layout (the
+same pads), the value's words are computed instead (`bf16_words`, kiln.ops.conv_bf16,
+under those pads; one row of positions for unpadded 1x1 readers) and the readers take
+them in place (attribute `words_input`). FuseOps then joins `bf16_words` to the producer's group
 (`words_tail`): the producer's tiles round their outputs, after the epilogue in
 float32, straight into the words (kiln.kernels.conv.bf16_words), and the float32 tensor
 and the conversion passes are gone. The words are the ones each reader's conversion
@@ -34,7 +34,7 @@ from kiln.ir import graph as g
 from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.types import TensorType
 from kiln.kernels.tiles import tile_lanes
-from kiln.ops import call, get_op
+from kiln.ops import call
 from kiln.ops.conv_bf16 import (
     BF16_WORDS,
     CONV_BF16,
@@ -46,9 +46,7 @@ from kiln.ops.conv_bf16 import (
 )
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
 from kiln.target.isa import ISA
-
-#: The patterns of the ops FuseOps joins to a convolution's group (its `FUSABLE_TAIL`).
-FUSED_TAIL = ("elemwise", "broadcast")
+from kiln.transform.fuse_rule import MAX_FUSED_OPS, chain
 
 
 def _blocked(t: object, block: int) -> bool:
@@ -83,20 +81,12 @@ def stores_words(conv: g.Call, block: int) -> bool:
 
 
 def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
-              returned: set[int], block: int) -> bool:
-    """Whether binding `k`'s value is a bfloat16 convolution's that may store words,
-    through elementwise ops at its shape (its ReLU, a residual add), each the binding
-    right after the one it reads and read only by it: FuseOps' group of the convolution
-    (kiln.transform.fuse_ops), whose kernel then stores the words."""
-    at = bindings[k].value
-    while isinstance(at, g.Call) and at.op != CONV_BF16:
-        prev = bindings[k - 1] if k else None
-        if not (prev is not None and at.ret_type == prev.var.type
-                and get_op(at.op).pattern in FUSED_TAIL and prev.var in at.args
-                and uses[prev.var] == 1 and id(prev.var) not in returned):
-            return False
-        k, at = k - 1, prev.value
-    return isinstance(at, g.Call) and stores_words(at, block)
+              block: int) -> bool:
+    """Whether binding `k`'s value is the last of a bfloat16 convolution's FuseOps group
+    (kiln.transform.fuse_rule: its epilogue's elementwise ops; room left for the words)
+    whose convolution may store words: the group's kernel then stores them."""
+    j = chain(bindings, k, uses, CONV_BF16, MAX_FUSED_OPS - 1)
+    return j is not None and stores_words(cast(g.Call, bindings[j].value), block)
 
 
 def store_words(fn: g.Function, isa: ISA) -> g.Function:
@@ -119,7 +109,7 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
         convs = readers.get(id(b.var), [])
         if not (convs and len(convs) == uses[b.var] and id(b.var) not in returned
                 and all(reads_words(cast(g.Call, c.value), block) for c in convs)
-                and _producer(fn.bindings, k, uses, returned, block)):
+                and _producer(fn.bindings, k, uses, block)):
             continue
         shapes = [bf16_conv_shape([a.type for a in cast(g.Call, c.value).args],
                                   cast(g.Call, c.value).attrs) for c in convs]

@@ -40,13 +40,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from kiln.ir import graph as g
 from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.attrs import ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
-from kiln.ir.shape_expr import is_static, shapes_equal
+from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
 from kiln.kernels import specialisation
@@ -56,14 +56,9 @@ from kiln.target.isa import ISA
 from kiln.transform.bf16_words import store_words, words_tail
 from kiln.transform.channel_shuffles import fold_shuffles, shuffled_stores
 from kiln.transform.concat_tails import move_onto_concat_inputs
+from kiln.transform.fuse_rule import FUSABLE_TAIL, MAX_FUSED_OPS, closed, extends, pattern
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import Pass
-
-FUSABLE_TAIL = ("elemwise", "broadcast")
-# Group heads a dtype-changing elementwise op may join (see `_extends`).
-_CASTS_JOIN = ("elemwise", "broadcast", "injective")
-# The most ops fused into one kernel (the FuseOps option `max_group`).
-MAX_FUSED_OPS = 8
 
 
 @dataclass(frozen=True)
@@ -86,13 +81,6 @@ class FuseOps(Pass):
         return IRModule(functions, mod.attrs) if changed else mod
 
 
-def _pattern(op: str) -> str | None:
-    try:
-        return get_op(op).pattern
-    except KeyError:
-        return None
-
-
 def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[Any, str],
                    max_group: int, isa: ISA) -> g.Function:
     fn = fold_shuffles(move_onto_concat_inputs(fn), shuffled_stores(isa))
@@ -112,28 +100,28 @@ def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[A
 def _groups(bindings: tuple[g.Binding, ...], uses: Counter[g.Var],
             max_group: int, pieces: frozenset[int]) -> list[list[g.Binding]]:
     """Consecutive bindings cut into groups: an op call with a tensor result, then the
-    elementwise/broadcast calls after it that read the group's values (`_extends`), cut
-    back to the longest start whose inner values nothing outside reads (`_closed`)."""
+    elementwise/broadcast calls after it that read the group's values (`extends`), cut
+    back to the longest start whose inner values nothing outside reads (`closed`)."""
     groups: list[list[g.Binding]] = []
     i = 0
     while i < len(bindings):
         value = bindings[i].value
         if not (isinstance(value, g.Call) and isinstance(value.ret_type, TensorType)
-                and _pattern(value.op) is not None) or _viewed_concat(value, pieces):
+                and pattern(value.op) is not None) or _viewed_concat(value, pieces):
             groups.append([bindings[i]])
             i += 1
             continue
         grp = [bindings[i]]
         while i + len(grp) < len(bindings) and len(grp) < max_group:
             nxt = bindings[i + len(grp)].value
-            if not (_extends(grp, nxt) or words_tail(grp, nxt) or (
+            if not (extends(grp, nxt) or words_tail(grp, nxt) or (
                     isinstance(nxt, g.Call) and _fuses_producers(nxt.op)
                     and _feeds_row_op(grp, nxt, uses))):
                 break
             # an elementwise tail, or the chain a row op (softmax, layer_norm) computes
             # as it reads its rows
             grp.append(bindings[i + len(grp)])
-        while not _closed(grp, uses):
+        while not closed(grp, uses):
             grp.pop()
         groups.append(grp)
         i += len(grp)
@@ -169,52 +157,6 @@ def _viewed_concat(call: g.Call, pieces: frozenset[int]) -> bool:
             and all(d == 1 for d in shape[:axis]))
 
 
-def _extends(group: list[g.Binding], value: g.Expr) -> bool:
-    """Whether `value` is an elementwise/broadcast call reading one of the group's values,
-    each at the call's own shape (no broadcast re-reads). A value may be read several
-    times in the group (GELU's `x * (erf(x / sqrt 2) + 1) / 2`)."""
-    if not (isinstance(value, g.Call) and _pattern(value.op) in FUSABLE_TAIL
-            and isinstance(value.ret_type, TensorType)):
-        return False
-    members = {id(b.var): b.var for b in group}
-    read = [a for a in value.args if id(a) in members]
-    if not read or any(not isinstance(a.type, TensorType)
-                       or not shapes_equal(a.type.shape, value.ret_type.shape) for a in read):
-        return False
-    first = group[0]
-    assert isinstance(first.value, g.Call)
-    if any(cast(TensorType, a.type).dtype != value.ret_type.dtype for a in read) \
-            and _pattern(first.value.op) not in _CASTS_JOIN:
-        # a dtype change (quantize_linear, dequantize_linear, cast) joins elementwise and
-        # layout chains (DenseNet's concat -> quantize -> dequantize -> BatchNorm ->
-        # quantize: one kernel, not three); an anchor's hand-built epilogue keeps its
-        # own dtype
-        return False
-    # The first value is read once unless a hand-written kernel applies the tail to its
-    # accumulator: a tensor-expression anchor (a reduction) would be recomputed per read.
-    calls = [b.value for b in group[1:] if isinstance(b.value, g.Call)] + [value]
-    reads = sum(a is first.var for c in calls for a in c.args)
-    return reads <= 1 or _has_hand_kernel(first.value)
-
-
-def _has_hand_kernel(call: g.Call) -> bool:
-    """Whether `call`'s kernel is built by hand (it applies the tail to a value in
-    registers, however often the tail reads it)."""
-    lowering = lowering_for(call.op)
-    return lowering is not None and lowering.builds(call)
-
-
-def _closed(group: list[g.Binding], uses: Counter[g.Var]) -> bool:
-    """Whether every group value but the last is read only inside the group (the kernel
-    writes only the last)."""
-    inside: Counter[int] = Counter()
-    for b in group:
-        assert isinstance(b.value, g.Call)
-        for a in b.value.args:
-            inside[id(a)] += 1
-    return all(inside[id(b.var)] == uses[b.var] for b in group[:-1])
-
-
 def _fuses_producers(op: str) -> bool:
     lowering = lowering_for(op)
     return lowering is not None and lowering.fuses_producers
@@ -224,7 +166,7 @@ def _feeds_row_op(group: list[g.Binding], call: g.Call, uses: Counter[g.Var]) ->
     """Whether `group` is an elementwise chain whose value is `call`'s first argument
     only (a row op such as softmax or layer_norm then computes it as it reads a row)."""
     last = group[-1]
-    if not all(isinstance(b.value, g.Call) and _pattern(b.value.op) in FUSABLE_TAIL
+    if not all(isinstance(b.value, g.Call) and pattern(b.value.op) in FUSABLE_TAIL
                for b in group):
         return False
     if not call.args or call.args[0] is not last.var or uses[last.var] != 1:
@@ -323,7 +265,7 @@ def _operand_key(group: list[g.Binding], externals: list[g.Expr], ext_index: dic
 def _anchor(group: list[g.Binding]) -> int:
     """The group's op whose kernel takes the rest as its epilogue (`_lower_group`)."""
     return next((k for k, b in enumerate(group) if isinstance(b.value, g.Call)
-                 and _pattern(b.value.op) not in FUSABLE_TAIL), 0)
+                 and pattern(b.value.op) not in FUSABLE_TAIL), 0)
 
 
 def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[int, int],
