@@ -12,8 +12,10 @@ pads; one row of positions for unpadded 1x1 readers) and the readers take them i
 (attribute `words_input`). FuseOps then joins `bf16_words` to the producer's group
 (`words_tail`): the producer's tiles round their outputs, after the epilogue in
 float32, straight into the words (kiln.kernels.conv.bf16_words), and the float32 tensor
-and the conversion passes are gone. The words are the ones each reader's conversion
-would write, so the outputs are the same bit for bit.
+and the conversion passes are gone. A `channel_scale_nchwc` producer (DenseNet's
+pre-activation BatchNorm and ReLU) stores them likewise (kiln.kernels.conv.channel_scale).
+The words are the ones each reader's conversion would write, so the outputs are the same
+bit for bit.
 
 Taken where the readers' words are whole pairs of blocks of the value (an even count of
 16-lane blocks, paired lane by lane: `word_block`) and not a region's first layer, and
@@ -35,6 +37,7 @@ from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.types import TensorType
 from kiln.kernels.tiles import tile_lanes
 from kiln.ops import call, get_op
+from kiln.ops.channel_scale_nchwc import CHANNEL_SCALE
 from kiln.ops.conv_bf16 import (
     BF16_WORDS,
     CONV_BF16,
@@ -82,6 +85,14 @@ def stores_words(conv: g.Call, block: int) -> bool:
             and isinstance(channels, int) and channels % (2 * block) == 0)
 
 
+def _stores_words(call: g.Call, block: int) -> bool:
+    """`stores_words`, or a `channel_scale_nchwc` of an even count of blocks (DenseNet's
+    pre-activation BatchNorm, whose kernel stores words as it scales:
+    kiln.kernels.conv.channel_scale)."""
+    return stores_words(call, block) or (call.op == CHANNEL_SCALE
+                                         and _blocked(call.ret_type, block))
+
+
 def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
               returned: set[int], block: int) -> bool:
     """Whether binding `k`'s value is a bfloat16 convolution's that may store words,
@@ -89,14 +100,14 @@ def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
     right after the one it reads and read only by it: FuseOps' group of the convolution
     (kiln.transform.fuse_ops), whose kernel then stores the words."""
     at = bindings[k].value
-    while isinstance(at, g.Call) and at.op != CONV_BF16:
+    while isinstance(at, g.Call) and at.op not in (CONV_BF16, CHANNEL_SCALE):
         prev = bindings[k - 1] if k else None
         if not (prev is not None and at.ret_type == prev.var.type
                 and get_op(at.op).pattern in FUSED_TAIL and prev.var in at.args
                 and uses[prev.var] == 1 and id(prev.var) not in returned):
             return False
         k, at = k - 1, prev.value
-    return isinstance(at, g.Call) and stores_words(at, block)
+    return isinstance(at, g.Call) and _stores_words(at, block)
 
 
 def store_words(fn: g.Function, isa: ISA) -> g.Function:
@@ -147,8 +158,9 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
 
 def words_tail(group: list[g.Binding], value: g.Expr) -> bool:
     """Whether `value` is the `bf16_words` of `group`'s last value and `group` a bfloat16
-    convolution's (the kernel stores the words: FuseOps joins it to the group)."""
+    convolution's or a channel scale's (the kernel stores the words: FuseOps joins it to
+    the group)."""
     first = group[0].value
     return (isinstance(value, g.Call) and value.op == BF16_WORDS
             and value.args[0] is group[-1].var
-            and isinstance(first, g.Call) and first.op == CONV_BF16)
+            and isinstance(first, g.Call) and first.op in (CONV_BF16, CHANNEL_SCALE))
