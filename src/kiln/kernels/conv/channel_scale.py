@@ -168,9 +168,9 @@ class ChannelScaleNchwc:
                 return loop("q", w, lambda q: lanes_loop("v", b, lambda v: word(q, v)))
 
             blocks, border = cb // 2, zero_border(out, source.pads)
-        # work: the float32 values read once each
-        stmt = parallel_when(lambda: parallel_tiles((n, blocks, h), row),
-                             n * cb * h * w * b, "stream", isa=isa)
+        # storing words, the work is the conversion's: float32 values streamed once each
+        stmt = parallel_when(lambda: parallel_tiles((n, blocks, h), row), n * cb * h * w * b,
+                             "element" if source is None else "stream", isa=isa)
         return PrimFunc((*(store.buffers[t] for t in params), out), seq(*border, stmt), {})
 
 
