@@ -163,10 +163,10 @@ def test_timing_instrument_reports_nested_passes() -> None:
     names = [t.name for t in timing.timings]
     assert names == ["graph-default", "quantize-ops", "quant-layout", "fold-constants",
                      "recognize-composites", "fold-batchnorm", "merge-copies",
-                     "block-convolutions", "nchwc-layout", "block-matmuls", "block-attention",
-                     "last-position", "fuse-ops", "legalize-ops", "dead-code-elimination",
-                     "lower-graph-to-tensor"]
-    assert [t.depth for t in timing.timings] == [0] + [1] * 15
+                     "pool-before-pointwise", "block-convolutions", "nchwc-layout",
+                     "block-matmuls", "block-attention", "last-position", "fuse-ops",
+                     "legalize-ops", "dead-code-elimination", "lower-graph-to-tensor"]
+    assert [t.depth for t in timing.timings] == [0] + [1] * 16
     assert all(t.seconds >= 0 for t in timing.timings)
     assert timing.total() == timing.timings[0].seconds
     report = timing.report().splitlines()
@@ -183,9 +183,9 @@ def test_dump_ir_to_directory_and_callback(tmp_path: Path) -> None:
         get_pipeline("default", "graph")(_module())
     files = sorted(p.name for p in (tmp_path / "dumps").iterdir())
     passes = ["quantize-ops", "quant-layout", "fold-constants", "recognize-composites",
-              "fold-batchnorm", "merge-copies", "block-convolutions", "nchwc-layout",
-              "block-matmuls", "block-attention", "last-position", "fuse-ops", "legalize-ops",
-              "dead-code-elimination", "lower-graph-to-tensor"]
+              "fold-batchnorm", "merge-copies", "pool-before-pointwise", "block-convolutions",
+              "nchwc-layout", "block-matmuls", "block-attention", "last-position", "fuse-ops",
+              "legalize-ops", "dead-code-elimination", "lower-graph-to-tensor"]
     assert files == [f"{i:03d}_{name}.py" for i, name in enumerate(passes)]
     assert [n for n, _ in texts] == passes
     last = (tmp_path / "dumps" / files[-1]).read_text()

@@ -12,8 +12,10 @@ under those pads; one row of positions for unpadded 1x1 readers) and the readers
 them in place (attribute `words_input`). FuseOps then joins `bf16_words` to the producer's group
 (`words_tail`): the producer's tiles round their outputs, after the epilogue in
 float32, straight into the words (kiln.kernels.conv.bf16_words), and the float32 tensor
-and the conversion passes are gone. The words are the ones each reader's conversion
-would write, so the outputs are the same bit for bit.
+and the conversion passes are gone. A `channel_scale_nchwc` producer (DenseNet's
+pre-activation BatchNorm and ReLU) stores them likewise (kiln.kernels.conv.channel_scale).
+The words are the ones each reader's conversion would write, so the outputs are the same
+bit for bit.
 
 Taken where the readers' words are whole pairs of blocks of the value (an even count of
 16-lane blocks, paired lane by lane: `word_block`) and not a region's first layer, and
@@ -35,6 +37,7 @@ from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.types import TensorType
 from kiln.kernels.tiles import tile_lanes
 from kiln.ops import call
+from kiln.ops.channel_scale_nchwc import CHANNEL_SCALE
 from kiln.ops.conv_bf16 import (
     BF16_WORDS,
     CONV_BF16,
@@ -80,13 +83,25 @@ def stores_words(conv: g.Call, block: int) -> bool:
             and isinstance(channels, int) and channels % (2 * block) == 0)
 
 
+def _stores_words(call: g.Call, block: int) -> bool:
+    """`stores_words`, or a `channel_scale_nchwc` of an even count of blocks (DenseNet's
+    pre-activation BatchNorm, whose kernel stores words as it scales:
+    kiln.kernels.conv.channel_scale)."""
+    return stores_words(call, block) or (call.op == CHANNEL_SCALE
+                                         and _blocked(call.ret_type, block))
+
+
 def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
               block: int) -> bool:
-    """Whether binding `k`'s value is the last of a bfloat16 convolution's FuseOps group
-    (kiln.transform.fuse_rule: its epilogue's elementwise ops; room left for the words)
-    whose convolution may store words: the group's kernel then stores them."""
-    j = chain(bindings, k, uses, CONV_BF16, MAX_FUSED_OPS - 1)
-    return j is not None and stores_words(cast(g.Call, bindings[j].value), block)
+    """Whether binding `k`'s value is the last of a FuseOps group (kiln.transform.fuse_rule:
+    its head's epilogue of elementwise ops; room left for the words) whose head may store
+    words: a bfloat16 convolution, or DenseNet's pre-activation channel scale. The group's
+    kernel then stores them."""
+    for head in (CONV_BF16, CHANNEL_SCALE):
+        j = chain(bindings, k, uses, head, MAX_FUSED_OPS - 1)
+        if j is not None:
+            return _stores_words(cast(g.Call, bindings[j].value), block)
+    return False
 
 
 def store_words(fn: g.Function, isa: ISA) -> g.Function:
@@ -137,8 +152,9 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
 
 def words_tail(group: list[g.Binding], value: g.Expr) -> bool:
     """Whether `value` is the `bf16_words` of `group`'s last value and `group` a bfloat16
-    convolution's (the kernel stores the words: FuseOps joins it to the group)."""
+    convolution's or a channel scale's (the kernel stores the words: FuseOps joins it to
+    the group)."""
     first = group[0].value
     return (isinstance(value, g.Call) and value.op == BF16_WORDS
             and value.args[0] is group[-1].var
-            and isinstance(first, g.Call) and first.op == CONV_BF16)
+            and isinstance(first, g.Call) and first.op in (CONV_BF16, CHANNEL_SCALE))

@@ -72,7 +72,8 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     convolutions in words of 4 channels (kiln.transform.quant_layout), fold constants,
     recognize spelled-out GELU and layer norm (recognize-composites), fold BatchNorm,
     merge reshape/transpose chains into one copy and read transposed matmul operands in
-    place (merge-copies), pick the convolution and matrix-product kernels, compute
+    place (merge-copies), average-pool a 1x1 convolution's input rather than its output
+    (pool-before-pointwise), pick the convolution and matrix-product kernels, compute
     attention by blocks of query rows where its scores pass the L2 cache (block-attention), give
     a decoder a companion computing only its last position's logits (last-position, after
     the passes that rewrite weights, before fusion so both share kernels), fuse
@@ -119,6 +120,9 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     from kiln.transform.merge_copies import (
         MergeCopies,  # lazy: kiln.transform.registry loads it on first use
     )
+    from kiln.transform.pool_before_pointwise import (
+        PoolBeforePointwise,  # lazy: kiln.transform.registry loads it on first use
+    )
     from kiln.transform.quantize_ops import (
         QuantizeOps,  # lazy: kiln.transform.registry loads it on first use
     )
@@ -142,7 +146,8 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     )
 
     return Sequential([QuantizeOps(), QuantLayout(), FoldConstants(), RecognizeComposites(),
-                       FoldBatchNorm(), MergeCopies(), *blas, BlockConvolutions(), *layout,
+                       FoldBatchNorm(), MergeCopies(), PoolBeforePointwise(), *blas,
+                       BlockConvolutions(), *layout,
                        BlockMatmuls(), BlockAttention(), LastPosition(), FuseOps(),
                        LegalizeOps(), DeadCodeElimination(), LowerGraphToTensor()],
                       name="graph-default")

@@ -25,6 +25,7 @@ for _name, _path in {
     "fold-constants": "kiln.transform.fold_constants:FoldConstants",
     "fold-batchnorm": "kiln.transform.fold_batchnorm:FoldBatchNorm",
     "merge-copies": "kiln.transform.merge_copies:MergeCopies",
+    "pool-before-pointwise": "kiln.transform.pool_before_pointwise:PoolBeforePointwise",
     "recognize-composites": "kiln.transform.composite_ops:RecognizeComposites",
     "block-convolutions": "kiln.transform.conv_blocking:BlockConvolutions",
     "nchwc-layout": "kiln.transform.nchwc_layout:NchwcLayout",

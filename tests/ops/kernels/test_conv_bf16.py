@@ -321,7 +321,8 @@ def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
     onnxruntime at batch 2 (the batch symbolic: the constant scale is shared). The two
     1x1 layers to 128 channels share one kernel, which takes their input's channel blocks
     and their weight's word rows at run time (`run_time_width`) and stores the 3x3
-    layers' words (kiln.transform.bf16_words)."""
+    layers' words (kiln.transform.bf16_words); it reads its input as words the
+    BatchNorm + ReLU kernels stored (kiln.kernels.conv.channel_scale)."""
     ex, model = preactivation
     kernels = {name: f for name, f in ex.ir.prim_funcs().items()
                if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc_bf16"}
@@ -332,7 +333,9 @@ def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
     calls = ex.ir.script()
     assert sum(calls.count(f'"{name}", [') for name in kernels) == 5
     assert sum(name.startswith("layout_transform") for name in ex.ir.functions) == 2
-    assert sum("channel_scale_nchwc_add_relu" in name for name in ex.ir.functions) == 2
+    # the BatchNorm + ReLU kernels store the 1x1 layers' words, which read them in place
+    assert sum("channel_scale_nchwc_add_relu_bf16_words" in name
+               for name in ex.ir.functions) == 2
     x = RNG.standard_normal((2, 16, 4, 54)).astype(np.float32)
     want = onnxruntime_outputs(model, {"x": x})[0]
     got = np.asarray(ex["main"](x))

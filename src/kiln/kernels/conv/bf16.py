@@ -43,7 +43,8 @@ An unpadded 1x1 layer at stride 1 over whole pairs of input blocks whose tiles n
 prefetch nor stage their input (`run_time_width`) takes its input's channel blocks and
 its weight's word rows at run time, as the float32 blocked kernel does
 (kiln.kernels.conv.run_time_width): DenseNet-121's bottlenecks, 58 widths, share one
-kernel per image size and tile. The sums run in the same order, so the outputs are the
+kernel per image size and tile (reading the words their BatchNorm + ReLU stored: the
+pairs of blocks at run time). The sums run in the same order, so the outputs are the
 static kernel's bit for bit.
 """
 
@@ -627,15 +628,18 @@ class NchwcBf16(Family):
             return seq(*prologue, bf16_conv_body(layer))
 
         stmt = None
-        if (not staged and not attrs.get(WORDS_INPUT)
-              and run_time_width(shape, in_block, len(x.shape), prefetch)):
+        # stored words (`[n][P][rows * cols][b]`) count pairs of blocks along their dim 1
+        pairs = 2 if attrs.get(WORDS_INPUT) else 1
+        if (not staged
+              and run_time_width(shape, in_block, 5 if pairs == 2 else len(x.shape), prefetch)):
             blocks, rows = Var(WIDTH_NAME, INDEX_DTYPE), Var(WORDS_NAME, INDEX_DTYPE)
             wide_x = Buffer(x_buf.name, (x_buf.shape[0], blocks, *x_buf.shape[2:]),
                             x_buf.dtype, x_buf.scope)
             wide_w = Buffer(w_buf.name, (w_buf.shape[0], rows, *w_buf.shape[2:]),
                             w_buf.dtype, w_buf.scope)
             # ConvShape types its symbolic sizes as ints (kiln.ops.conv_geometry)
-            stmt = body(replace(shape, c_in=cast(int, blocks * in_block)), wide_x, wide_w)
+            stmt = body(replace(shape, c_in=cast(int, blocks * pairs * in_block)), wide_x,
+                        wide_w)
             if any(b is x_buf or b is w_buf for b in read_buffers(stmt)):
                 stmt = None  # the epilogue reads the input at its static width
             else:
@@ -664,10 +668,12 @@ class NchwcBf16(Family):
         prefetch = prefetches_bf16_weights(shape, words[4], int(np.prod(words)), isa)
         tile = recorded_tile(call.attrs, 2, self.op) or bf16_tile(shape, isa)
         tile_w = min(tile[1], shape.out_h * shape.out_w)
-        if (call.attrs.get(WORDS_INPUT) or not run_time_width(shape, in_block, x.ndim, prefetch)
-                or stages_input(shape, words[4], tile_w, words[1], prefetch, isa)):
+        stored = bool(call.attrs.get(WORDS_INPUT))
+        if (not run_time_width(shape, in_block, 5 if stored else x.ndim, prefetch)
+                or (not stored and stages_input(shape, words[4], tile_w, words[1], prefetch,
+                                                isa))):
             return None
-        return (replace(shape, c_in=0), in_block, block, words[4], tile)
+        return (replace(shape, c_in=0), in_block, block, words[4], tile, stored)
 
 
 NCHWC_BF16 = NchwcBf16("nchwc_bf16", CONV_BF16, (), -1)

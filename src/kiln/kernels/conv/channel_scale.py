@@ -9,6 +9,10 @@ channel), the scale of a squeeze-and-excitation block.
   shapes and dtypes keep the tensor-expression definition.
 - `channel_scale_nchwc` (`CHANNEL_SCALE_NCHWC`, kiln.ops.channel_scale_nchwc): each
   position of the NCHW{b}c activation one vector operation along the channel lanes.
+  Where its value is read only as bfloat16 convolutions' words (`bf16_words` ends the
+  group, kiln.transform.bf16_words) it stores those words: lane `v` of blocks `2p` and
+  `2p + 1`, after the tail, rounded into one int32 word (`bf16_pair`), as the
+  convolutions' own conversion would, so the float32 tensor and that pass are gone.
 
 An elementwise tail FuseOps groups after either is applied as each value is stored.
 """
@@ -22,11 +26,14 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.analysis.vector_loops import MAX_LANES
 from kiln.ir.attrs import ATTR_CHANNEL_SCALE
-from kiln.ir.tensor import PrimExpr, PrimFunc, Stmt, Store, seq
+from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt, Store, seq
+from kiln.kernels.conv.bf16_words import zero_border
 from kiln.kernels.epilogue import fused_store
+from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.tiles import const, lanes_loop, loop, nest, parallel_tiles, parallel_when
 from kiln.ops import te
 from kiln.ops.broadcast import broadcast_index
+from kiln.ops.conv_bf16 import words_shape, words_source
 from kiln.target.isa import ISA
 
 
@@ -125,6 +132,9 @@ class ChannelScaleNchwc:
         if x.dtype != "float32" or not all(isinstance(d, int) for d in x.shape[1:]):
             return None
         n, cb, h, w, b = x.shape
+        source = words_source(result) if result is not None else None
+        if source is not None:  # the consumers' words (kiln.transform.bf16_words)
+            result = None if source.tensor is anchor else source.tensor
         store = fused_store(params, anchor, result, tuple(x.shape))
         if store is None:
             return None
@@ -133,17 +143,35 @@ class ChannelScaleNchwc:
         # is one image's, whatever the batch
         shared = s.shape[0] == 1 and n != 1
 
-        def row(i: PrimExpr, c: PrimExpr, r: PrimExpr) -> Stmt:
-            def lane(q: PrimExpr, v: PrimExpr) -> Stmt:
-                idx = (i, c, r, q, v)
-                scale = sb[const(0) if shared else i, c, const(0), const(0), v]
-                return Store(store.out, store.epilogue(xb[idx] * scale, idx), idx)
+        def scaled(idx: tuple[PrimExpr, ...]) -> PrimExpr:
+            scale = sb[const(0) if shared else idx[0], idx[1], const(0), const(0), idx[4]]
+            return store.epilogue(xb[idx] * scale, idx)
 
-            return loop("q", w, lambda q: lanes_loop("v", b, lambda v: lane(q, v)))
+        if source is None:
+            out = store.out
 
-        stmt = parallel_when(lambda: parallel_tiles((n, cb, h), row), n * cb * h * w * b,
-                             "element", isa=isa)
-        return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt, {})
+            def row(i: PrimExpr, c: PrimExpr, r: PrimExpr) -> Stmt:
+                return loop("q", w, lambda q: lanes_loop(
+                    "v", b, lambda v: Store(out, scaled((i, c, r, q, v)), (i, c, r, q, v))))
+
+            blocks, border = cb, []
+        else:
+            out = Buffer("out", words_shape(x.shape, source.pads, source.flat), "int32")
+            top, left = source.pads[:2]
+
+            def row(i: PrimExpr, c: PrimExpr, r: PrimExpr) -> Stmt:  # c: a pair of blocks
+                def word(q: PrimExpr, v: PrimExpr) -> Stmt:
+                    at = (i, c, r * w + q) if source.flat else (i, c, r + top, q + left)
+                    return Store(out, bf16_word(scaled((i, 2 * c, r, q, v)),
+                                                scaled((i, 2 * c + 1, r, q, v))), (*at, v))
+
+                return loop("q", w, lambda q: lanes_loop("v", b, lambda v: word(q, v)))
+
+            blocks, border = cb // 2, zero_border(out, source.pads)
+        # storing words, the work is the conversion's: float32 values streamed once each
+        stmt = parallel_when(lambda: parallel_tiles((n, blocks, h), row), n * cb * h * w * b,
+                             "element" if source is None else "stream", isa=isa)
+        return PrimFunc((*(store.buffers[t] for t in params), out), seq(*border, stmt), {})
 
 
 CHANNEL_SCALE_NCHWC = ChannelScaleNchwc()
