@@ -15,7 +15,12 @@ from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimExpr, Stmt, as_expr
 from kiln.kernels.conv.family import UnpackedConv, vector_widths
-from kiln.kernels.conv.window import compacted_columns, depthwise_tile_width, window_body
+from kiln.kernels.conv.window import (
+    compacted_columns,
+    depthwise_tile_width,
+    whole_vector_rows,
+    window_body,
+)
 from kiln.kernels.registry import fits_registers
 from kiln.kernels.tiles import (
     Epilogue,
@@ -54,11 +59,12 @@ class DepthwiseConv(UnpackedConv):
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
         """`tile_w` columns of whole vectors (1 to 4) that fit the registers (none where
-        the rows are computed whole at stride 1, `compacted_columns`)."""
+        each row is one tile: `compacted_columns`, `whole_vector_rows`)."""
         shape = conv_call_shape(call, symbolic_image=True)
         assert shape is not None
         lanes = tile_lanes(isa)
-        if shape.symbolic_image or compacted_columns(shape, lanes):
+        if shape.symbolic_image or compacted_columns(shape, lanes) \
+                or whole_vector_rows(shape, lanes) is not None:
             return []
         rule = choose_tile(shape, isa)
         return [(tw, lanes) for tw in vector_widths(shape.out_w, lanes)

@@ -114,6 +114,19 @@ def stride1_columns(shape: ConvShape) -> ConvShape:
     return replace(shape, stride=(shape.stride[0], 1))
 
 
+def whole_vector_rows(shape: ConvShape, lanes: int) -> ConvShape | None:
+    """The geometry a window kernel computes one tile per output row in, its rows widened
+    to whole vectors by zero columns on the right (a 14-column row to 16), or None: for
+    padded rows of at most two vectors (the input is copied anyway). A row of 7 or 14
+    lanes reads each input vector as pieces of 4, 2 and 1 lanes (no load may pass the
+    row's end); widened, one load each, the extra columns computed and not stored."""
+    width = shape.out_w
+    if shape.symbolic_image or not any(shape.pads) or width > 2 * lanes:
+        return None
+    top, left, bottom, right = shape.pads
+    return replace(shape, pads=(top, left, bottom, right + -width % lanes))
+
+
 def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: int,
                 registers: int, tap: Tap, init: PrimExpr, epilogue: Epilogue,
                 l2_bytes: int = 0) -> Stmt:
@@ -132,12 +145,14 @@ def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: in
     not with rows x kw. `l2_bytes` (the ISA's L2; 0: never) decides where a padded
     stride-1 input is padded: channel by channel on the stack past it
     (`window_schedule`). A strided kernel over narrow rows (`compacted_columns`)
-    computes its rows at stride 1 in one tile and stores every `stride`-th column
-    (`tile_w` unused); others read the input split by column phase."""
+    computes its rows at stride 1 and stores every `stride`-th column; others read the
+    input split by column phase. Padded rows of at most two vectors are one tile each,
+    widened to whole vectors (`whole_vector_rows`; `tile_w` unused)."""
     keep = shape.stride[1] if compacted_columns(shape, lanes) else 1
-    if keep > 1:
-        shape = stride1_columns(shape)
-        tile_w = shape.out_w
+    rows = whole_vector_rows(stride1_columns(shape) if keep > 1 else shape, lanes)
+    if rows is not None:
+        shape, tile_w = rows, rows.out_w
+    whole = rows is not None
     schedule = window_schedule(shape, x.dtype, tile_w, lanes, registers, l2_bytes, keep > 1)
     sw = shape.stride[1]
     if schedule.local:
@@ -145,14 +160,14 @@ def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: in
         fill_plane = plane_fill(x, shape, sw, None, 0,
                                 lambda n, c, p, i, q: (_c(p), i, q), xplane)
         window = _Window(shape, out, schedule, tap, init, epilogue,
-                         lambda n, c, i, p, q: xplane[p, i, q], x.dtype, keep)
+                         lambda n, c, i, p, q: xplane[p, i, q], x.dtype, keep, whole)
 
         def planes(n: PrimExpr, c: PrimExpr) -> Stmt:
             return seq(Allocate(xplane), fill_plane(n, c), *_channel(window, n, c))
 
         return seq(_nest(("n", "c"), (shape.n, shape.c_in), planes))
     xp, prologue = padded_input(x, shape, phases=sw)
-    window = _Window(shape, out, schedule, tap, init, epilogue, xp, x.dtype, keep)
+    window = _Window(shape, out, schedule, tap, init, epilogue, xp, x.dtype, keep, whole)
     return seq(*prologue, _nest(("n", "c"), (shape.n, shape.c_in),
                                 lambda n, c: seq(*_channel(window, n, c))))
 
@@ -171,6 +186,7 @@ class _Window:
     read: PhaseReader
     acc_t: str  # accumulate in the input dtype (float32); the epilogue may cast
     keep: int = 1  # store every `keep`-th column (`compacted_columns`: one tile per row)
+    whole: bool = False  # one tile per row (`whole_vector_rows`): out's columns stored
 
     @property
     def readers(self) -> dict[int, list[tuple[int, int]]]:
@@ -243,10 +259,11 @@ def _tile(window: _Window, n: PrimExpr, c: PrimExpr, oh0: PrimExpr, height: int,
     copy = lanes_loop("r", width, lambda r: seq(*(
         Store(stage, acc[_c(j), r], (_c(j), r)) for j in range(height))))
     parts: list[Stmt] = [Allocate(stage), copy]
-    if window.keep > 1:
-        # the tile is the whole row at stride 1 (ow0 = 0): every `keep`-th column moved
-        # into a row of the output's width, scalar, before the epilogue's vector stores
+    if window.whole:  # the tile is the whole row (ow0 = 0): out's columns stored
         width = window.out.shape[3]
+    if window.keep > 1:
+        # every `keep`-th column moved into a row of the output's width, scalar, before
+        # the epilogue's vector stores
         packed = Buffer("packed", (height, width), acc_t, "local")
         parts += [Allocate(packed), _loop("j", height, lambda j: _loop(
             "r", width, lambda r: Store(packed, stage[j, r * window.keep], (j, r))))]
