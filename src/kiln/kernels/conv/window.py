@@ -149,7 +149,10 @@ def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: in
     input split by column phase. Padded rows of at most two vectors are one tile each,
     widened to whole vectors (`whole_vector_rows`; `tile_w` unused)."""
     keep = shape.stride[1] if compacted_columns(shape, lanes) else 1
-    rows = whole_vector_rows(stride1_columns(shape) if keep > 1 else shape, lanes)
+    if keep > 1:
+        shape = stride1_columns(shape)
+    # one tile per row: widened to whole vectors, or (unpadded) a compacted row as it is
+    rows = whole_vector_rows(shape, lanes) or (shape if keep > 1 else None)
     if rows is not None:
         shape, tile_w = rows, rows.out_w
     whole = rows is not None
