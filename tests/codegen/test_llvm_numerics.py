@@ -134,6 +134,25 @@ def test_float_arithmetic_matches_numpy(d: str) -> None:
         m[f"{op}_{d}"](*args, y)
         np.testing.assert_allclose(y, expected[op], rtol=1e-6 if d == "float32" else 1e-13,
                                    equal_nan=True, err_msg=f"{op} {d}")
+    # beside a constant (a ReLU6's bounds: one vminps / vmaxps) a NaN still wins and a
+    # tie still gives the first operand (-0.0 against 0.0)
+    ib = IRBuilder()
+    bounds = {"min_last": ("min", True), "max_last": ("max", True),
+              "min_first": ("min", False), "max_first": ("max", False)}
+    for name, (op, x_side) in bounds.items():
+        elementwise(name, [d], d, lambda x, op=op, x_side=x_side: BinaryOp(
+            op, *((x, const(0.0, d)) if x_side else (const(0.0, d), x))), n, ib)
+    m = jit(ib.get())
+    zero = np.zeros(n, d)
+    for name, (op, x_side) in bounds.items():
+        y = np.ones(n, d)
+        m[name](a, y)
+        first, second = (a, zero) if x_side else (zero, a)
+        with np.errstate(invalid="ignore"):  # the rule: (x <= y || isnan(x)) ? x : y
+            keep = (first <= second) if op == "min" else (first >= second)
+        want = np.where(keep | np.isnan(first), first, second)
+        np.testing.assert_array_equal(y, want, err_msg=f"{name} {d}")
+        np.testing.assert_array_equal(np.signbit(y), np.signbit(want), err_msg=f"{name} {d}")
 
 
 def test_float_compare_is_ordered_except_ne() -> None:

@@ -24,7 +24,7 @@ import onnx
 import pytest
 
 import kiln
-from kiln.ir.tensor import DeclBuffer
+from kiln.ir.tensor import Allocate, DeclBuffer
 from kiln.ir.visitor import iter_stmts
 from kiln.kernels.conv.window import (
     DEPTHWISE_MAX_ROWS,
@@ -123,9 +123,8 @@ def test_matches_onnxruntime(native: kiln.driver.Executable,
 
 def test_large_padded_inputs_are_padded_per_channel(native: kiln.driver.Executable) -> None:
     """Past the L2 a stride-1 layer pads each channel into a stack plane, not the whole
-    input into a workspace; the small layers (and strided ones) keep the workspace."""
-    from kiln.ir.tensor import Allocate
-
+    input into a workspace; the small layers (and the wide strided one) keep the
+    workspace."""
     planes = []
     for f in native.ir.functions.values():
         if f.attrs.get("kiln.conv_kernel") == "conv2d_depthwise":
@@ -136,6 +135,26 @@ def test_large_padded_inputs_are_padded_per_channel(native: kiln.driver.Executab
                 assert allocs["xplane"].scope == "local" and "xpad" not in allocs
     assert isa_for(native.target).l2_bytes < 17 * WINDOW_PLANE_BYTES
     assert len(planes) == len(CASES) and planes.count(True) == PLANE_CASES
+
+
+def test_narrow_strided_rows_are_computed_at_stride_1(native: kiln.driver.Executable
+                                                      ) -> None:
+    """A stride-2 window kernel whose rows at stride 1 fit two vectors reads its input
+    padded in one column phase and stores every other column (the 19-column average
+    pool on 16 lanes); wider rows (the 73-column layer, that pool on 8 lanes) keep the
+    split by column phase."""
+    lanes = tile_lanes(isa_for(native.target))
+    phases = {}
+    for f in native.ir.functions.values():
+        name = f.attrs.get("kiln.conv_kernel") or f.attrs.get("kiln.pool_kernel")
+        allocs = {s.buffer.name: s.buffer for s in iter_stmts(f.body)
+                  if isinstance(s, Allocate)}
+        padded = allocs.get("xpad") or allocs.get("xplane")
+        if name and padded:
+            phases[f.params[0].shape[1:]] = (padded.shape[-3], "packed" in allocs)
+    narrow = {CASES[0]["x"][1:]: False, POOLS[2]["x"][1:]: lanes >= 16}
+    for image, computed_at_stride_1 in narrow.items():
+        assert phases[image] == ((1, True) if computed_at_stride_1 else (2, False))
 
 
 def test_global_pool_reads_a_merged_view(native: kiln.driver.Executable) -> None:

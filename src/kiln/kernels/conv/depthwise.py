@@ -15,7 +15,12 @@ from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimExpr, Stmt, as_expr
 from kiln.kernels.conv.family import UnpackedConv, vector_widths
-from kiln.kernels.conv.window import depthwise_tile_width, window_body
+from kiln.kernels.conv.window import (
+    compacted_columns,
+    depthwise_tile_width,
+    whole_vector_rows,
+    window_body,
+)
 from kiln.kernels.registry import fits_registers
 from kiln.kernels.tiles import (
     Epilogue,
@@ -53,12 +58,14 @@ class DepthwiseConv(UnpackedConv):
         return choose_tile(shape, isa)
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
-        """`tile_w` columns of whole vectors (1 to 4) that fit the registers."""
+        """`tile_w` columns of whole vectors (1 to 4) that fit the registers (none where
+        each row is one tile: `compacted_columns`, `whole_vector_rows`)."""
         shape = conv_call_shape(call, symbolic_image=True)
         assert shape is not None
-        if shape.symbolic_image:
-            return []
         lanes = tile_lanes(isa)
+        if shape.symbolic_image or compacted_columns(shape, lanes) \
+                or whole_vector_rows(shape, lanes) is not None:
+            return []
         rule = choose_tile(shape, isa)
         return [(tw, lanes) for tw in vector_widths(shape.out_w, lanes)
                 if (tw, lanes) != rule and fits_registers(-(-tw // lanes), 2, isa)]

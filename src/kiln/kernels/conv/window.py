@@ -7,7 +7,7 @@ once for all the tile's rows; the channels' loop is left to the `parallelize` pa
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kiln.ir.dtype import itemsize
 from kiln.ir.tensor import Allocate, Buffer, LetStmt, PrimExpr, Stmt, Store, Var, seq
@@ -72,22 +72,59 @@ class WindowSchedule:
 
 
 def window_schedule(shape: ConvShape, dtype: str, tile_w: int, lanes: int, registers: int,
-                    l2_bytes: int = 0) -> WindowSchedule:
+                    l2_bytes: int = 0, compacted: bool = False) -> WindowSchedule:
     """The rule's schedule of a window kernel with tiles `tile_w` columns wide: as many
     rows as `depthwise_tile_rows` gives, and a padded stride-1 input larger than the L2
-    (`l2_bytes`, 0: never) padded channel by channel on the stack."""
+    (`l2_bytes`, 0: never) padded channel by channel on the stack, as is that of a
+    strided kernel's rows of more than one vector computed at stride 1 (`compacted`:
+    `shape` is then that stride-1 geometry, `compacted_columns`)."""
     sw = shape.stride[1]
     plane = padded_plane_dims(shape, sw)
     # Stride 1, a padded input larger than the L2 (`l2_bytes`, 0: never): each channel
     # is padded into a stack plane just before its tiles read it, in cache, instead of a
     # workspace of every channel filled first, a pass through memory of its own. A
     # workspace within the L2, and a strided layer's phase-split copy, stay workspaces:
-    # the per-channel copy costs more there than it saves.
+    # the per-channel copy costs more there than it saves. Compacted rows of two vectors
+    # (28 columns) read their plane less soon after its stores than rows of one do: on
+    # the stack they took 0.75-0.85x the workspace's time, rows of one vector 1.3x
+    # (docs/performance.md, "ShuffleNet's strided window kernels").
     plane_bytes = plane[0] * plane[1] * plane[2] * itemsize(dtype)
     local = sw == 1 and needs_padding(shape, sw) and plane_bytes <= WINDOW_PLANE_BYTES \
-        and shape.c_in * plane_bytes > l2_bytes > 0  # one image's (the batch may be symbolic)
+        and ((compacted and shape.out_w > lanes)
+             or shape.c_in * plane_bytes > l2_bytes > 0)  # one image's (the batch may vary)
     return WindowSchedule(tile_w, lanes, depthwise_tile_rows(shape, tile_w, lanes, registers),
                           local)
+
+
+def compacted_columns(shape: ConvShape, lanes: int) -> bool:
+    """Whether a window kernel of column stride 2 computes every column of its output
+    rows at stride 1 and stores every other one (`window_body`): when those rows fit one
+    tile of at most two vectors. A phase-split copy of the input moves each input value
+    alone (a strided read per value); the stride-1 row takes the same vectors (a
+    7-column row and a 14-column one are one vector each), or twice as many for a
+    14-column output of a 28-column input, and its padded copy moves contiguous runs.
+    Wider rows keep the phase split."""
+    if shape.symbolic_image or shape.stride[1] != 2:
+        return False
+    return stride1_columns(shape).out_w <= 2 * lanes
+
+
+def stride1_columns(shape: ConvShape) -> ConvShape:
+    """`shape` at stride 1 along the columns (the rows keep theirs)."""
+    return replace(shape, stride=(shape.stride[0], 1))
+
+
+def whole_vector_rows(shape: ConvShape, lanes: int) -> ConvShape | None:
+    """The geometry a window kernel computes one tile per output row in, its rows widened
+    to whole vectors by zero columns on the right (a 14-column row to 16), or None: for
+    padded rows of at most two vectors (the input is copied anyway). A row of 7 or 14
+    lanes reads each input vector as pieces of 4, 2 and 1 lanes (no load may pass the
+    row's end); widened, one load each, the extra columns computed and not stored."""
+    width = shape.out_w
+    if shape.symbolic_image or not any(shape.pads) or width > 2 * lanes:
+        return None
+    top, left, bottom, right = shape.pads
+    return replace(shape, pads=(top, left, bottom, right + -width % lanes))
 
 
 def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: int,
@@ -107,22 +144,33 @@ def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: in
     input rows are unrolled, the kw taps of each a loop: the code grows with the rows,
     not with rows x kw. `l2_bytes` (the ISA's L2; 0: never) decides where a padded
     stride-1 input is padded: channel by channel on the stack past it
-    (`window_schedule`)."""
-    schedule = window_schedule(shape, x.dtype, tile_w, lanes, registers, l2_bytes)
+    (`window_schedule`). A strided kernel over narrow rows (`compacted_columns`)
+    computes its rows at stride 1 and stores every `stride`-th column; others read the
+    input split by column phase. Padded rows of at most two vectors are one tile each,
+    widened to whole vectors (`whole_vector_rows`; `tile_w` unused)."""
+    keep = shape.stride[1] if compacted_columns(shape, lanes) else 1
+    if keep > 1:
+        shape = stride1_columns(shape)
+    # one tile per row: widened to whole vectors, or (unpadded) a compacted row as it is
+    rows = whole_vector_rows(shape, lanes) or (shape if keep > 1 else None)
+    if rows is not None:
+        shape, tile_w = rows, rows.out_w
+    whole = rows is not None
+    schedule = window_schedule(shape, x.dtype, tile_w, lanes, registers, l2_bytes, keep > 1)
     sw = shape.stride[1]
     if schedule.local:
         xplane = Buffer("xplane", padded_plane_dims(shape, sw), x.dtype, "local")
         fill_plane = plane_fill(x, shape, sw, None, 0,
                                 lambda n, c, p, i, q: (_c(p), i, q), xplane)
         window = _Window(shape, out, schedule, tap, init, epilogue,
-                         lambda n, c, i, p, q: xplane[p, i, q], x.dtype)
+                         lambda n, c, i, p, q: xplane[p, i, q], x.dtype, keep, whole)
 
         def planes(n: PrimExpr, c: PrimExpr) -> Stmt:
             return seq(Allocate(xplane), fill_plane(n, c), *_channel(window, n, c))
 
         return seq(_nest(("n", "c"), (shape.n, shape.c_in), planes))
     xp, prologue = padded_input(x, shape, phases=sw)
-    window = _Window(shape, out, schedule, tap, init, epilogue, xp, x.dtype)
+    window = _Window(shape, out, schedule, tap, init, epilogue, xp, x.dtype, keep, whole)
     return seq(*prologue, _nest(("n", "c"), (shape.n, shape.c_in),
                                 lambda n, c: seq(*_channel(window, n, c))))
 
@@ -140,6 +188,8 @@ class _Window:
     epilogue: Epilogue
     read: PhaseReader
     acc_t: str  # accumulate in the input dtype (float32); the epilogue may cast
+    keep: int = 1  # store every `keep`-th column (`compacted_columns`: one tile per row)
+    whole: bool = False  # one tile per row (`whole_vector_rows`): out's columns stored
 
     @property
     def readers(self) -> dict[int, list[tuple[int, int]]]:
@@ -211,6 +261,16 @@ def _tile(window: _Window, n: PrimExpr, c: PrimExpr, oh0: PrimExpr, height: int,
     stage = Buffer("stage", (height, width), acc_t, "local")
     copy = lanes_loop("r", width, lambda r: seq(*(
         Store(stage, acc[_c(j), r], (_c(j), r)) for j in range(height))))
+    parts: list[Stmt] = [Allocate(stage), copy]
+    if window.whole:  # the tile is the whole row (ow0 = 0): out's columns stored
+        width = window.out.shape[3]
+    if window.keep > 1:
+        # every `keep`-th column moved into a row of the output's width, scalar, before
+        # the epilogue's vector stores
+        packed = Buffer("packed", (height, width), acc_t, "local")
+        parts += [Allocate(packed), _loop("j", height, lambda j: _loop(
+            "r", width, lambda r: Store(packed, stage[j, r * window.keep], (j, r))))]
+        stage = packed
 
     def store(j: PrimExpr) -> Stmt:
         return lanes_loop("r", width, lambda r: Store(
@@ -218,4 +278,4 @@ def _tile(window: _Window, n: PrimExpr, c: PrimExpr, oh0: PrimExpr, height: int,
             (n, c, oh0 + j, ow0 + r)))
 
     stores = _loop("j", height, store) if height > 1 else store(_c(0))
-    return seq(Allocate(acc), start, *steps, Allocate(stage), copy, stores)
+    return seq(Allocate(acc), start, *steps, *parts, stores)
