@@ -1,13 +1,14 @@
 """Writing a library's weights into its reserved hole through a shared mapping, on threads.
 
 The weights reach the page cache in large-page folios (2 MiB on x86-64), which a
-mapping aligned the same maps with large-page entries (kiln.runtime.page_advice). A
-buffered `write` holds the file's lock for each call, so one thread does all the work
-of filling fresh folios, the largest cost of writing a model's weights (about 1.4 CPU s
-for VGG-19's 548 MiB on AMD EPYC Zen 5 in a VM, 0.1 s for the same bytes into pages
-freed just before). Copies into a shared mapping of the file fault each folio in on
-the thread that touches it: a few threads, each given whole large-page windows, fill
-them at once (docs/performance.md, "Compile time, round seventeen").
+mapping aligned the same maps with large-page entries (kiln.runtime.page_advice).
+Filling fresh folios that large is most of what writing a model's weights costs (VGG-19's
+776 MiB: 1.3-1.7 CPU s on AMD EPYC Zen 5 in a VM, ten times as much as in 64 KiB
+windows, whose small folios would be mapped with 4 KiB entries), and a buffered `write`
+holds the file's lock, so one thread did all of it. Copies into a shared mapping of the
+file take each folio's fault on the thread that touches it: a few threads, each given
+whole large-page windows, fill them at once (docs/performance.md, "Compile time, round
+seventeen").
 
 `fill_mapped` first reserves the range's blocks (`fallocate`), so a full disk is an
 error here and never a SIGBUS on a write through the mapping; where it cannot (no
@@ -17,6 +18,7 @@ and says so, and the caller writes the usual way.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -33,8 +35,11 @@ from kiln.runtime.libc import libc_function
 PARALLEL_MIN_BYTES = 32 << 20
 MAX_THREADS = 4
 
-_FALLOCATE = libc_function("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                           ctypes.c_int64, ctypes.c_int64)
+_FALLOCATE_ARGS = (ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+# 64-bit offsets: fallocate64 (glibc), else fallocate where off_t is 64 bits (musl, LP64).
+_FALLOCATE = libc_function("fallocate64", *_FALLOCATE_ARGS) or (
+    libc_function("fallocate", *_FALLOCATE_ARGS) if ctypes.sizeof(ctypes.c_void_p) == 8
+    else None)
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
@@ -86,7 +91,8 @@ def fill_mapped(fd: int, items: Sequence[tuple[int, Content]], block: int) -> bo
         return False
     try:
         if _MADV_HUGEPAGE is not None:
-            mapping.madvise(_MADV_HUGEPAGE)
+            with contextlib.suppress(OSError):  # advice: a kernel without large pages
+                mapping.madvise(_MADV_HUGEPAGE)
         _copy_all(mapping, [(at - begin, p) for at, p in pieces], block, begin)
     finally:
         mapping.close()
