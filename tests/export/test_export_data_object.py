@@ -14,7 +14,7 @@ from kiln.artifact import ArtifactSet
 from kiln.artifact.elf import read_blob
 from kiln.ir import IRBuilder
 from kiln.ir import graph as g
-from kiln.runtime import library
+from kiln.runtime import library, mapped_fill
 from kiln.runtime.data_object import LARGE_PAGE_BYTES, machine_of
 from kiln.runtime.library import blob_object
 
@@ -70,12 +70,13 @@ def test_direct_object_matches_the_assembler_one(tmp_path: Path) -> None:
 
 def test_weights_reach_the_disk_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A .so's object only reserves the weights (NOBITS); they are written into the
-    linked library, where they sit right after the blob, equal to the artifact, on a
-    large-page boundary of address and file offset alike (the threshold lowered), and
-    the loader advises large pages on them."""
+    linked library (through a mapping, on threads: both thresholds lowered), where they
+    sit right after the blob, equal to the artifact, on a large-page boundary of address
+    and file offset alike, and the loader advises large pages on them."""
     n = 1 << 20
     ex = _executable(n)
     monkeypatch.setattr(library, "LARGE_PAGE_DATA_BYTES", 0)
+    monkeypatch.setattr(mapped_fill, "PARALLEL_MIN_BYTES", 0)  # the weights on threads
     work = tmp_path / "work"
     lib = ex.export_library(tmp_path / "m.so", workspace_dir=work)
     consts = next(a for a in ex.artifacts if a.file_name == "constants.bin")

@@ -26,7 +26,7 @@ from kiln.artifact.segments import Segments
 from kiln.codegen.gathered_constants import gathered_constants
 from kiln.codegen.host import HOST_FILE
 from kiln.codegen.naming import consts_symbol
-from kiln.codegen.swap_program import program_artifacts
+from kiln.codegen.swap_program import program_artifacts, runtime_artifact
 from kiln.ir import weight_origin as wo
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import AllocConst
@@ -262,12 +262,28 @@ class ConstantPool:
         self._digests = None
 
 
+def _swapping_host(artifacts: Iterable[Any]) -> Artifact | None:
+    """The native host.c among `artifacts` whose entry runs a swap program, or None."""
+    host = next((a for a in artifacts if isinstance(a, Artifact) and a.file_name == HOST_FILE
+                 and a.loader == "native"), None)
+    return host if host is not None and b"#define KILN_HOST_SWAP 1" in bytes(host.content) \
+        else None
+
+
+def precompile_swap_runtime(pool: ConstantPool, host: Artifact, prefix: str) -> None:
+    """Start compiling the swap program's interpreter (`swap_runtime.c`, the same for every
+    model) while the kernels compile, where `with_replay` will add it: a module that names
+    its weights, built with a swapping `host`. `with_replay` finds the object started (the
+    load waited for its compile, which began only after the kernels, on an idle core)."""
+    if pool.named_weights is not None and len(pool) and _swapping_host([host]) is not None:
+        precompile_c(runtime_artifact(prefix, host.codegen_id, host.metadata.get("cflags", ())))
+
+
 def _swap_program(artifacts: list[Any], record: dict[str, Any], prefix: str) -> list[Any]:
     """The swap program's artifacts (kiln.codegen.swap_program) beside a native host.c
     whose entry runs them (none when the record has no program, or no host.c is native)."""
-    host = next((a for a in artifacts if isinstance(a, Artifact) and a.file_name == HOST_FILE
-                 and a.loader == "native"), None)
-    if host is None or b"#define KILN_HOST_SWAP 1" not in bytes(host.content):
+    host = _swapping_host(artifacts)
+    if host is None:
         return []
     made = program_artifacts(record, prefix, host.codegen_id, host.metadata.get("cflags", ()))
     for artifact in made:  # compiled meanwhile, as host.c is: a load finds the objects

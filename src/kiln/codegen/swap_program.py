@@ -264,10 +264,15 @@ def program_artifacts(record: Mapping[str, Any], prefix: str, codegen_id: str,
     ])
     return [Artifact(codegen_id, "native", PROGRAM_FILE, text.encode("utf-8"),
                      {"cflags": list(cflags)}),
-            Artifact(codegen_id, "native", RUNTIME_ARTIFACT,
-                     runtime_source(prefix).encode("utf-8"), {"cflags": list(cflags)})]
+            runtime_artifact(prefix, codegen_id, cflags)]
+
+
+def runtime_artifact(prefix: str, codegen_id: str, cflags: Sequence[str]) -> Artifact:
+    """`swap_runtime.c` of `prefix`, compiled with `cflags`: the same for every program."""
+    return Artifact(codegen_id, "native", RUNTIME_ARTIFACT,
+                    runtime_source(prefix).encode("utf-8"), {"cflags": list(cflags)})
 
 
 __all__ = ["DTYPES", "FUNCTIONS", "MAGIC", "OPS", "PROGRAM_FILE", "RUNTIME_ARTIFACT",
            "RUNTIME_FILE", "VERSION", "Unsupported", "program", "program_artifacts",
-           "runtime_source"]
+           "runtime_artifact", "runtime_source"]

@@ -60,6 +60,7 @@ from kiln.runtime.external_weights import (
     export_weights,
     map_symbols,
 )
+from kiln.runtime.mapped_fill import fill_mapped
 from kiln.runtime.private_dirs import make_private_dir, remove_private_dir
 from kiln.runtime.threads import POOL_EXPORTS
 from kiln.runtime.toolchain import default_compiler
@@ -387,6 +388,7 @@ def fill_linked_data(library: Path, prefix: str, deferred: Sequence[LinkedData])
         sym = find_blob_symbol(f, path, prefix=prefix)
         table = {s.name: s.value for s in read_symbols(f.fileno(), path, (SHT_SYMTAB,)).symbols}
         blob_at = table.get(sym.name)
+        items = []
         for item in deferred:
             start = sym.file_offset + item.offset
             placed = table.get(item.symbol)
@@ -396,8 +398,12 @@ def fill_linked_data(library: Path, prefix: str, deferred: Sequence[LinkedData])
                 raise ExportError(f"{library.name}: the linker did not place '{item.symbol}' "
                                   f"{item.offset} bytes after '{sym.name}' in section "
                                   f"{sym.section}; cannot write the linked data")
+            items.append((start, item.content))
+        if fill_mapped(f.fileno(), items, block):
+            return
+        for start, content in items:  # where the file cannot be mapped or reserved
             f.seek(start)
-            write_content_in_blocks(f, item.content, block)
+            write_content_in_blocks(f, content, block)
 
 
 def _host_large_page() -> int:

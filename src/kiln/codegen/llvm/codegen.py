@@ -11,7 +11,7 @@ from typing import Any
 from kiln.artifact import Artifact
 from kiln.codegen import kernel_cache
 from kiln.codegen.const_table import table_artifact
-from kiln.codegen.constants import ConstantPool
+from kiln.codegen.constants import ConstantPool, precompile_swap_runtime
 from kiln.codegen.cpu_requirements import feature_rows
 from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
 from kiln.codegen.llvm import part_names, parts
@@ -140,6 +140,8 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
                         cflags=host_flags, cpu_features=feature_rows(
                             config.triple, config.to_json()["requires_features"]))
     in_parts = compiles_in_parts(config)
+    if in_parts:  # on the core the lowering leaves idle, and LLVM's main thread later
+        precompile_swap_runtime(pool, host, prefix)
     cached = CachedKernels(prefix) if in_parts and kernel_cache.enabled() \
         and part_names.links_aliases(config.triple) else None
     config, tm, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=False,
