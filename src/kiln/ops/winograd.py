@@ -5,8 +5,8 @@ and builds its kernel).
 For an output tile of `m x m` and a 3x3 filter the input tile is `a x a`, `a = m + 2`:
 `Y = A^T [(G g G^T) * (B^T d B)] A` (Lavin & Gray, "Fast Algorithms for Convolutional
 Neural Networks", 2016), with the interpolation points 0, +-1 (F(2,3)) and 0, +-1,
-+-2 folded into integers (F(4,3)) and 0, +-1, +-2, +-1/2 (F(6,3): wincnn's points, as
-NNPACK's F(6x6, 3x3)). Summed over input channels, the elementwise
++-2 folded into integers (F(4,3)) and 0, +-1, +-2, +-1/2 (F(6,3)). Summed over input
+channels, the elementwise
 product is `a * a` matrix products `U[p] @ V[p]` (`p` a position of the tile),
 `m * m * 9 / (a * a)` of the direct convolution's multiplies: 4x fewer for F(4,3),
 5.1x for F(6,3), whose sums are rounded about twice as far off.
