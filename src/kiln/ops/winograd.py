@@ -5,9 +5,11 @@ and builds its kernel).
 For an output tile of `m x m` and a 3x3 filter the input tile is `a x a`, `a = m + 2`:
 `Y = A^T [(G g G^T) * (B^T d B)] A` (Lavin & Gray, "Fast Algorithms for Convolutional
 Neural Networks", 2016), with the interpolation points 0, +-1 (F(2,3)) and 0, +-1,
-+-2, +-1/2 folded into integers (F(4,3)). Summed over input channels, the elementwise
++-2 folded into integers (F(4,3)) and 0, +-1, +-2, +-1/2 (F(6,3)). Summed over input
+channels, the elementwise
 product is `a * a` matrix products `U[p] @ V[p]` (`p` a position of the tile),
-`m * m * 9 / (a * a)` of the direct convolution's multiplies: 4x fewer for F(4,3).
+`m * m * 9 / (a * a)` of the direct convolution's multiplies: 4x fewer for F(4,3),
+5.1x for F(6,3), whose sums are rounded about twice as far off.
 
 `conv2d_winograd(x, u[, bias])` takes `u = G g G^T` of each (output, input) channel
 pair, laid out `[a * a][out channels][in channels]` (kiln.kernels.conv.winograd.
@@ -36,7 +38,7 @@ from kiln.ops.registry import register_op
 
 WINOGRAD = "conv2d_winograd"
 #: The output tile sizes m that have transforms here.
-TILE_SIZES = (2, 4)
+TILE_SIZES = (2, 4, 6)
 
 Attrs = Mapping[str, Any]
 
@@ -68,6 +70,28 @@ _MATRICES: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {
                   [0, 1, -1, 2, -2, 0],
                   [0, 1, 1, 4, 4, 0],
                   [0, 1, -1, 8, -8, 1]], np.float64)),
+    6: (np.array([[1, 0, -21 / 4, 0, 21 / 4, 0, -1, 0],
+                  [0, 1, 1, -17 / 4, -17 / 4, 1, 1, 0],
+                  [0, -1, 1, 17 / 4, -17 / 4, -1, 1, 0],
+                  [0, 1 / 2, 1 / 4, -5 / 2, -5 / 4, 2, 1, 0],
+                  [0, -1 / 2, 1 / 4, 5 / 2, -5 / 4, -2, 1, 0],
+                  [0, 2, 4, -5 / 2, -5, 1 / 2, 1, 0],
+                  [0, -2, 4, 5 / 2, -5, -1 / 2, 1, 0],
+                  [0, -1, 0, 21 / 4, 0, -21 / 4, 0, 1]], np.float64),
+        np.array([[1, 0, 0],
+                  [-2 / 9, -2 / 9, -2 / 9],
+                  [-2 / 9, 2 / 9, -2 / 9],
+                  [1 / 90, 1 / 45, 2 / 45],
+                  [1 / 90, -1 / 45, 2 / 45],
+                  [32 / 45, 16 / 45, 8 / 45],
+                  [32 / 45, -16 / 45, 8 / 45],
+                  [0, 0, 1]], np.float64),
+        np.array([[1, 1, 1, 1, 1, 1, 1, 0],
+                  [0, 1, -1, 2, -2, 1 / 2, -1 / 2, 0],
+                  [0, 1, 1, 4, 4, 1 / 4, 1 / 4, 0],
+                  [0, 1, -1, 8, -8, 1 / 8, -1 / 8, 0],
+                  [0, 1, 1, 16, 16, 1 / 16, 1 / 16, 0],
+                  [0, 1, -1, 32, -32, 1 / 32, -1 / 32, 1]], np.float64)),
 }
 
 
@@ -206,8 +230,10 @@ def _nchwc_parts(types: Sequence[Any], attrs: Attrs) -> tuple[int, tuple[int, ..
 
 
 def _nchwc_u(types: Sequence[Any], attrs: Attrs) -> TensorType:
+    """The type of `u` unpacked, in the input's dtype (a packed weight may be narrower:
+    float16 panels widened as they are read)."""
     up = types[1].shape
-    return TensorType((up[0], int(attrs["channels"]), up[2]), types[1].dtype)
+    return TensorType((up[0], int(attrs["channels"]), up[2]), types[0].dtype)
 
 
 def _conv_attrs(attrs: Attrs) -> dict[str, Any]:
@@ -229,7 +255,7 @@ def _nchwc_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     nr = up.shape[3]
     xn = te.compute(plain, lambda n, c, h, w: x[n, c // b, h, w, c % b], x.dtype, "x_nchw")
     u = te.compute(_nchwc_u(inputs, attrs).shape,
-                   lambda p, o, i: up[p, o // nr, i, o % nr], up.dtype, "u")
+                   lambda p, o, i: up[p, o // nr, i, o % nr].astype(x.dtype), x.dtype, "u")
     out = _compute([xn, u, *inputs[2:]], _conv_attrs(attrs))
     return te.compute(layout.block_shape(out.shape, b),
                       lambda n, cb, h, w, v: out[n, cb * b + v, h, w], out.dtype, "conv_nchwc")
@@ -237,7 +263,7 @@ def _nchwc_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _nchwc_ref(x: np.ndarray, up: np.ndarray, b: np.ndarray | None = None,
                **attrs: Any) -> np.ndarray:
-    u = unpack_panels(up, int(attrs["channels"]))
+    u = unpack_panels(up, int(attrs["channels"])).astype(x.dtype)
     out = _ref(layout.from_blocked(x, int(up.shape[2])), u, b, **_conv_attrs(attrs))
     return layout.to_blocked(out, int(x.shape[4]))
 

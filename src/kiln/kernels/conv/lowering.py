@@ -24,9 +24,11 @@ class FamilyLowering:
     """The kernel of a float32 call of `op`, built by the kernel family that lowers `op`
     (kiln.kernels.registry.family_of) with the parallel split, K blocking and K
     unroll the call records; the batch may be symbolic (channels and image sizes
-    static)."""
+    static). `weights`: the dtypes its weight (the second argument) may have, float32
+    or, for a family that widens a narrower one as it loads it, that one too."""
 
     op: str
+    weights: tuple[str, ...] = ("float32",)
     supports_symbolic = True
     fuses_producers = False
 
@@ -38,7 +40,8 @@ class FamilyLowering:
                     attrs: Mapping[str, Any], anchor: te.Tensor | None,
                     result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
         """The family's kernel (see kiln.kernels.lowering.Lowering.lower_fused)."""
-        if any(t.dtype != "float32" for t in (args[0], args[1], *params)):
+        if args[1].dtype not in self.weights or any(
+                t.dtype != "float32" for t in (args[0], *params) if t is not args[1]):
             return None
         return build_call(family_of(self.op), params, args, attrs, anchor, result, isa)
 
@@ -56,4 +59,5 @@ NCHWC = FamilyLowering(cd.NCHWC)
 GEMM = FamilyLowering(cd.GEMM)
 GROUP_GEMM = FamilyLowering(cd.GROUP_GEMM)
 WINOGRAD = FamilyLowering(wg.WINOGRAD)
-WINOGRAD_NCHWC = FamilyLowering(wg.WINOGRAD_NCHWC)
+# float16 panels on a precision=bf16 target (kiln.kernels.conv.winograd_nchwc.weight_dtype)
+WINOGRAD_NCHWC = FamilyLowering(wg.WINOGRAD_NCHWC, ("float32", "float16"))

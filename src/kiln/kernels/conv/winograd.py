@@ -23,8 +23,9 @@ with `a = m + 2`, `T` output tiles (`ceil(OH/m)` x `ceil(OW/m)`):
    fused epilogue (bias, activation, residual add) along whole output rows (vector
    stores; partial tiles at the right and bottom edges are cut there).
 
-F(4x4) does a quarter of the direct kernel's multiplies on the 3x3 layers it takes
-(docs/tuning.md).
+F(4x4) does a quarter of the direct kernel's multiplies on the 3x3 layers it takes,
+F(6x6) a fifth on the wide layers the rule takes it for (`rule_tile_size`;
+docs/tuning.md).
 
 Threads: a batch of MIN_PARALLEL_IMAGES or more runs its images in parallel, each
 thread the four steps of whole images. Fewer images each run in bands of tile rows
@@ -33,7 +34,7 @@ four steps of its band on workspaces of its own, so no step hands the next a wor
 half written by another core. Otherwise each step's tiles are split over the threads.
 
 The transforms' code is generated from the matrices (`combine`): zero terms skipped,
-terms of equal magnitude summed before one multiply, so both tile sizes share it.
+terms of equal magnitude summed before one multiply, so every tile size shares it.
 """
 
 from __future__ import annotations
@@ -94,6 +95,14 @@ from kiln.target.isa import ISA
 
 #: The output tile size the family packs with unless tuning says otherwise.
 DEFAULT_M = 4
+#: The larger tile size the rule takes where it saves products (`rule_tile_size`).
+WIDE_M = 6
+#: The fewest output tiles the rule takes F(WIDE_M) with.
+MIN_WIDE_TILES = 16
+#: The fewest input and output channels the rule takes F(WIDE_M) with: its transforms
+#: cost more per output than F(4x4)'s, which only a product over this many channels
+#: repays (docs/performance.md, "Winograd F(6x6)").
+MIN_WIDE_CHANNELS = 512
 
 #: Multiply-adds (M x N x K) of each product `weight_transform` makes: at most what
 #: OpenBLAS computes on the calling thread (4 x 65536, its `GEMM_MULTITHREAD_THRESHOLD`).
@@ -148,6 +157,28 @@ def takes(c_in: int, c_out: int, block: int) -> bool:
 def tiles(shape: ConvShape, m: int) -> tuple[int, int]:
     """Output tiles of `m x m` down and across the output."""
     return -(-shape.out_h // m), -(-shape.out_w // m)
+
+
+def products(shape: ConvShape, m: int) -> int:
+    """Multiplies per (output, input) channel pair of F(`m` x `m`) on `shape`: `a * a` per
+    output tile, the tiles past the image's bottom and right edges counted whole."""
+    th, tw = tiles(shape, m)
+    return th * tw * (m + 2) ** 2
+
+
+def rule_tile_size(shape: ConvShape, isa: ISA) -> int:
+    """The rule's output tile size m: F(6x6) on layers of MIN_WIDE_CHANNELS or more
+    each way where its tiles cover the image with fewer products than F(4x4)'s (not on
+    a 14x14 image: 3 x 3 tiles of 64 positions cover 18 x 18, as many products as F(4x4)'s
+    4 x 4 tiles of 36) and there are at least MIN_WIDE_TILES of them (each value of
+    the weight, 1.8x F(4x4)'s size, is used once per tile); else F(4x4) where its tiles
+    fill half a vector of the GEMM's panels; else F(2x2)."""
+    th, tw = tiles(shape, WIDE_M)
+    if min(shape.c_in, shape.c_out) >= MIN_WIDE_CHANNELS and th * tw >= MIN_WIDE_TILES \
+            and products(shape, WIDE_M) < products(shape, DEFAULT_M):
+        return WIDE_M
+    th, tw = tiles(shape, DEFAULT_M)
+    return DEFAULT_M if th * tw >= tile_lanes(isa) // 2 else 2
 
 
 def gemm_tile(shape: ConvShape, m: int, isa: ISA) -> tuple[int, int]:
@@ -617,8 +648,9 @@ class WinogradConv(Family):
     also as many output channels and positions as the profile asks:
     `bf16_takes_winograd`) and MIN_RULE_POSITIONS
     outputs or more, with the first of
-    its `offered_tiles` (F(4x4) where its output tiles fill half a vector, else
-    F(2x2)); elsewhere only tuning, which checks each candidate's result against the
+    its `offered_tiles` (`rule_tile_size`: F(6x6) on wide layers where it saves
+    products, else F(4x4) where its output tiles fill half a vector, else F(2x2));
+    elsewhere only tuning, which checks each candidate's result against the
     rule's, may choose it."""
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
@@ -649,23 +681,26 @@ class WinogradConv(Family):
 
     def offered_tiles(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
         """The tiles tuning tries when another family's call may take this one: the
-        rule's (F(4x4)) and F(2x2) with its GEMM rule's tile, each where its output
-        tiles fill at least half a vector of the GEMM's panels (F(4x4) on 7x7 has 4
-        tiles for 16 lanes: slower than the direct kernel, not worth a build of tuning's
-        budget)."""
+        rule's (`rule_tile_size`), F(4x4) and F(2x2), each with its GEMM rule's tile,
+        F(4x4) where its output tiles fill at least half a vector of the GEMM's panels
+        (F(4x4) on 7x7 has 4 tiles for 16 lanes: slower than the direct kernel, not
+        worth a build of tuning's budget)."""
         shape = conv_call_shape(call)
         assert shape is not None
         half = tile_lanes(isa) // 2
-        return [(m, *gemm_tile(shape, m, isa)) for m in (DEFAULT_M, 2)
-                if m == 2 or tiles(shape, m)[0] * tiles(shape, m)[1] >= half]
+        rule = rule_tile_size(shape, isa)
+        return [(m, *gemm_tile(shape, m, isa)) for m in dict.fromkeys((rule, DEFAULT_M, 2))
+                if m in (rule, 2) or tiles(shape, m)[0] * tiles(shape, m)[1] >= half]
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
-        """F(2x2) and the GEMM family's other tiles of one position's product."""
+        """F(6x6) (unless the rule's) and F(2x2), and the GEMM family's other tiles of one
+        position's product."""
         shape = conv_call_shape(call)
         assert shape is not None
         th, tw = tiles(shape, DEFAULT_M)
         rule = gemm_tile(shape, DEFAULT_M, isa)
-        return [(2, *gemm_tile(shape, 2, isa)),
+        wide = [] if rule_tile_size(shape, isa) == WIDE_M else [WIDE_M]
+        return [*((m, *gemm_tile(shape, m, isa)) for m in (*wide, 2)),
                 *((DEFAULT_M, *t) for t in tile_candidates(shape.c_out, th * tw, isa)
                   if t != rule)]
 

@@ -87,13 +87,14 @@ from kiln.ops.winograd import matrices, tile_of
 from kiln.target.isa import ISA
 
 
-def pack_panels(u: np.ndarray, nr: int) -> np.ndarray:
+def pack_panels(u: np.ndarray, nr: int, dtype: str | None = None) -> np.ndarray:
     """`u[a*a][O][C]` -> `[a*a][ceil(O / nr)][C][nr]`: each position's `U^T` (`[C][O]`) as
     the GEMM kernel's B panels (kiln.ops.gemm.pack_b), output channels
-    zero-padded (a fresh read-only array, as `pack_b`'s: written in place, one copy)."""
+    zero-padded (a fresh read-only array, as `pack_b`'s: written in place, one copy), in
+    `dtype` (rounded to nearest even as it is written) or `u`'s."""
     a2, o, c = u.shape
     panels, full = -(-o // nr), o // nr
-    out = np.empty((a2, panels, c, nr), dtype=u.dtype)
+    out = np.empty((a2, panels, c, nr), dtype=dtype or u.dtype)
     out[:, :full] = u[:, :full * nr].reshape(a2, full, nr, c).transpose(0, 1, 3, 2)
     if full < panels:
         out[:, full] = 0
@@ -110,6 +111,24 @@ def pack_panels_origin(source: wo.Origin | None, shape: Sequence[int], nr: int
     moved = wo.padded(wo.step("transpose", source, perm=(0, 2, 1)), (a2, c, o), 2, panels * nr)
     return wo.step("transpose", wo.step("reshape", moved, shape=(a2, c, panels, nr)),
                    perm=(0, 2, 1, 3))
+
+
+#: The most output tiles of an image whose layer a `precision=bf16` target packs in
+#: float16 (`weight_dtype`).
+MAX_F16_TILES = 16
+
+
+def weight_dtype(shape: ConvShape, m: int, isa: ISA) -> str:
+    """The dtype of the packed weight: float16 on a `precision=bf16` target for an image
+    of MAX_F16_TILES output tiles or fewer (each weight value used by as few tiles: the
+    products are bound by reading the weight, and float16 halves its bytes; each B
+    vector widened as it is loaded, as kiln.kernels.gemm.f16's), float32 elsewhere (on
+    larger images the widening costs more than the bytes save). float16's error, a
+    relative 2^-11 per weight grown by the output transform, stays below the bfloat16
+    direct kernel's (which rounds the input too); bfloat16's 2^-8 would grow to several
+    times it."""
+    th, tw = tiles(shape, m)
+    return "float16" if isa.precision == "bf16" and th * tw <= MAX_F16_TILES else "float32"
 
 
 def gemm_tile(shape: ConvShape, m: int, isa: ISA) -> tuple[int, int]:
@@ -233,7 +252,8 @@ class _Nest:
 
         def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
                  lane: PrimExpr) -> PrimExpr:
-            return up[bidx[0], panel, kk, lane]
+            value = up[bidx[0], panel, kk, lane]
+            return value if up.dtype == vt.dtype else value.astype(vt.dtype)
 
         product = GemmShape((a * a,), (a * a,), (t_band,), int(up.shape[1]) * nr,
                             self.shape.c_in)
@@ -320,8 +340,12 @@ class WinogradNchwc(Family):
         attrs: dict[str, Any] = {**dict(call.attrs), TILE: (m, mr, nr),
                                  "channels": shape.c_out}
 
-        packed = g.Constant(pack_panels(np.asarray(u.data), nr), u.name)
-        wo.record(packed.data, pack_panels_origin(wo.origin_of(u.data), u.data.shape, nr))
+        dtype = weight_dtype(shape, m, isa)
+        packed = g.Constant(pack_panels(np.asarray(u.data), nr, dtype), u.name)
+        source = wo.origin_of(u.data)
+        if dtype != u.data.dtype:
+            source = wo.step("astype", source, dtype=dtype)
+        wo.record(packed.data, pack_panels_origin(source, u.data.shape, nr))
         return make_call(self.op, call.args[0], packed, *call.args[2:], **attrs)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
@@ -348,7 +372,8 @@ class WinogradNchwc(Family):
         stmt = winograd_nchwc_body(shape, store.buffers[x], store.buffers[up], store.out,
                                    (tile[0], tile[1], tile[2]), epilogue, isa.fma, b, isa=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
-                        {ATTR_CONV_KERNEL: self.op, ATTR_NO_SLP: True})
+                        # float16 panels: LLVM's vectorizer widens their loads
+                        {ATTR_CONV_KERNEL: self.op, ATTR_NO_SLP: up.dtype == "float32"})
 
 
 WINOGRAD_NCHWC = WinogradNchwc("winograd_nchwc", OP, ("conv2d_winograd",), 0)
