@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import gc
+import math
 import os
 import shutil
 import sys
@@ -142,13 +143,17 @@ def first(outputs: Any) -> np.ndarray:
     return np.array(outputs, copy=True)
 
 
-def setup_kiln(path: str, feed: dict[str, np.ndarray], target: kiln.target.Target) -> Setup:
-    """kiln's cold compile of the file (cache off) and its prepared call."""
+def setup_kiln(path: str, feed: dict[str, np.ndarray], target: kiln.target.Target,
+               loaded: list[Any]) -> Setup:
+    """kiln's cold compile of the file (cache off) and its prepared call; the loaded
+    library is appended to `loaded` (for its pool's counters)."""
     args = list(feed.values())
     start = time.perf_counter()
     with PassContext(config={"kiln.cache": False}):
-        fn = kiln.compile(from_onnx(path), target)["main"]  # links and loads the library
+        ex = kiln.compile(from_onnx(path), target)
+        fn = ex["main"]  # links and loads the library
     seconds = time.perf_counter() - start
+    loaded.append(ex.jit())
     out = fn(*args)
     try:
         call = fn.prepare(*args, out=out)
@@ -215,11 +220,12 @@ def setup_torch(module: Any, feed: dict[str, np.ndarray], threads: int,
 
 
 def setups(runtimes: list[str], path: str, feed: dict[str, np.ndarray], module: Any,
-           target: kiln.target.Target, threads: int) -> dict[str, Callable[[], Setup]]:
-    """Each runtime's set-up, to call in table order."""
+           target: kiln.target.Target, threads: int, loaded: list[Any]
+           ) -> dict[str, Callable[[], Setup]]:
+    """Each runtime's set-up, to call in table order (kiln's library into `loaded`)."""
     table: dict[str, Callable[[], Setup]] = {
         "ort": lambda: setup_ort(path, feed, threads),
-        "kiln": lambda: setup_kiln(path, feed, target),
+        "kiln": lambda: setup_kiln(path, feed, target, loaded),
         "ov_f32": lambda: setup_openvino(path, feed, threads, OV_F32),
         "ov_default": lambda: setup_openvino(path, feed, threads, {}),
         "torch": lambda: setup_torch(module, feed, threads, False),
@@ -240,12 +246,14 @@ def measure(name: str, runtimes: list[str], target: kiln.target.Target, threads:
         result.missing = dict.fromkeys(RUNTIMES, "failed")
         return result
     calls: dict[str, Callable[[], object]] = {}
+    loaded: list[Any] = []
     outputs: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"{name}.onnx")
         onnx.save(model, path)
         del model
-        for runtime, setup in setups(runtimes, path, feed, module, target, threads).items():
+        for runtime, setup in setups(runtimes, path, feed, module, target, threads,
+                                     loaded).items():
             try:
                 calls[runtime], outputs[runtime], compile_s = setup()
             except Absent as exc:
@@ -260,7 +268,12 @@ def measure(name: str, runtimes: list[str], target: kiln.target.Target, threads:
     if "ort" not in calls:
         return result
     count = calls_within(calls, repeat, seconds)
+    before = [lib.pool_stats() for lib in loaded]
     blocks = alternating_blocks(calls, count, rounds=max(5, count // 2), clock=clock)
+    for lib, was in zip(loaded, before, strict=True):  # the probe's verdicts meanwhile
+        now = lib.pool_stats()
+        alone, pooled = now.alone - was.alone, now.loops - was.loops
+        result.kiln_alone = alone / (alone + pooled) if alone + pooled else math.nan
     result.ort_ms = pooled_ms(blocks)["ort"]
     for runtime in calls:
         result.ratio[runtime] = paired_ratio(blocks[runtime], blocks["ort"])
@@ -364,16 +377,24 @@ def main() -> None:
     for name in names:
         results.append(measure(name, runtimes, target, args.threads, args.repeat,
                                args.seconds, clock))
-        print("  ".join(latency_row(results[-1], runtimes)), flush=True)
+        alone = results[-1].kiln_alone
+        print("  ".join(latency_row(results[-1], runtimes))
+              + ("" if math.isnan(alone) else f"  [kiln loops alone: {alone:.0%}]"), flush=True)
         gc.collect()
     lines = print_tables(results, runtimes, "CPU time" if args.cpu_time else "Latency")
     if args.write_docs:
         command = " ".join(["bench/peers.py", *sys.argv[1:]])
         block = args.docs_block or (
             "peers" if args.precision == "f32" else f"peers-{args.precision}")
+        alone = [f"{r.model}{' (int8)' if r.int8 else ''} {r.kiln_alone:.0%}"
+                 for r in results if not math.isnan(r.kiln_alone)]
+        state = ["", "Share of kiln's parallel loops run on the caller alone in the timed "
+                 "blocks (its pool's probe found the two threads sharing a core: "
+                 "docs/performance.md, \"Two threads on one core\"): "
+                 + ", ".join(alone) + "."] if alone else []
         write_block(DOCS / "performance.md", block, [
             machine_line(command, describe_target(target), load_before, os.getloadavg()[0]),
-            "", f"Versions: {versions()}.", "", *lines])
+            "", f"Versions: {versions()}.", "", *lines, *state])
 
 
 if __name__ == "__main__":

@@ -41,6 +41,10 @@ class PeerResult:
     rel_l2: dict[str, float] = field(default_factory=dict)
     compile_s: dict[str, float] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
+    # The share of kiln's parallel loops its pool ran on the caller alone in the timed
+    # blocks: its probe found the two threads sharing a core (docs/performance.md,
+    # "Two threads on one core"), a state this VM's vCPUs are in for seconds at a time.
+    kiln_alone: float = math.nan
 
 
 def geomean(values: Iterable[float]) -> float:
