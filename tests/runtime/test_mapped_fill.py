@@ -52,3 +52,13 @@ def test_refused_range_is_left_to_the_caller(tmp_path: Path,
         f.truncate(6 * BLOCK)
         assert not mapped_fill.fill_mapped(f.fileno(), items, BLOCK)
     assert path.read_bytes() == bytes(6 * BLOCK)
+
+
+def test_empty_contents_write_nothing(tmp_path: Path) -> None:
+    """A model's empty tensors (zero-size initializers) leave nothing to map: done, the
+    file as it was (an empty range once raised from `min()` of no pieces)."""
+    path = tmp_path / "lib"
+    path.write_bytes(b"\x11" * BLOCK)
+    with open(path, "r+b") as f:
+        assert mapped_fill.fill_mapped(f.fileno(), [(64, b""), (128, Segments([]))], BLOCK)
+    assert path.read_bytes() == b"\x11" * BLOCK

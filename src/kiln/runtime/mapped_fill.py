@@ -78,8 +78,11 @@ def fill_mapped(fd: int, items: Sequence[tuple[int, Content]], block: int) -> bo
         for part in content_parts(content):
             view = memoryview(part)
             view = view if view.ndim == 1 and view.itemsize == 1 else view.cast("B")
-            pieces.append((start, view))
+            if len(view):
+                pieces.append((start, view))
             start += len(view)
+    if not pieces:  # empty tensors only: nothing to write
+        return True
     begin = min(at for at, _ in pieces) // mmap.ALLOCATIONGRANULARITY \
         * mmap.ALLOCATIONGRANULARITY
     end = max(at + len(p) for at, p in pieces)
