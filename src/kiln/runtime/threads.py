@@ -66,11 +66,13 @@ class PoolStats(NamedTuple):
     # The probe (every $KILN_PROBE_MS, docs/abi.md "Parallel loops"): times it measured
     # whether the threads run loops faster than the caller alone, those that found they
     # do not (they share a core), the loops run on the caller alone since, and the last
-    # probe's gain in thousandths (about 1000 x threads on as many cores, 1000 on one).
+    # probe's gain in thousandths (about 1000 x threads on as many cores, 1000 on one)
+    # and its unit of work's time on the caller alone (ns).
     probes: int
     shared: int
     alone: int
     gain: int
+    unit_ns: int
 
 
 class PoolControls:

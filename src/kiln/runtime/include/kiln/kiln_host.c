@@ -809,6 +809,7 @@ enum {
   KILN_POOL_STAT_GAIN,     /* the last probe's gain, in thousandths: the threads' work per
                               unit of time over the caller's alone (about 1000 x threads on
                               as many cores, about 1000 where they share one) */
+  KILN_POOL_STAT_UNIT_NS,  /* the last probe's unit of work on the caller alone (ns) */
   KILN_POOL_STAT_COUNT
 };
 
@@ -1516,13 +1517,16 @@ static int kiln_pool_threads_pay(void) {
   kiln_pool_hand_off(threads, kiln_pool_probe_body, NULL, 0, &span);
   for (i = 0; i < 2; ++i) {
     start = kiln_pool_now_ns();
-    kiln_pool_probe_body(0, 1, NULL);
+    if (kiln_pool_probe_body(0, 1, NULL) != 0) { /* never: but a call whose result went */
+      return 1;                                  /* unused would be left out */
+    }
     span = kiln_pool_now_ns() - start;
     alone = span < alone ? span : alone;
     kiln_pool_hand_off(threads, kiln_pool_probe_body, NULL, 0, &span);
     together = span < together ? span : together;
   }
   KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_GAIN], 1000 * threads * alone / together);
+  KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_UNIT_NS], alone);
   if (3 * threads * alone >= 4 * together) {
     return 1;
   }
