@@ -379,7 +379,7 @@ def main() -> None:
                                args.seconds, clock))
         alone = results[-1].kiln_alone
         print("  ".join(latency_row(results[-1], runtimes))
-              + ("" if math.isnan(alone) else f"  [kiln loops alone: {alone:.0%}]"), flush=True)
+              + (f"  [kiln loops alone: {alone:.0%}]" if alone > 0 else ""), flush=True)
         gc.collect()
     lines = print_tables(results, runtimes, "CPU time" if args.cpu_time else "Latency")
     if args.write_docs:
@@ -391,7 +391,8 @@ def main() -> None:
         state = ["", "Share of kiln's parallel loops run on the caller alone in the timed "
                  "blocks (its pool's probe found the two threads sharing a core: "
                  "docs/performance.md, \"Two threads on one core\"): "
-                 + ", ".join(alone) + "."] if alone else []
+                 + ", ".join(alone) + "."] if any(
+                     r.kiln_alone > 0 for r in results) else []  # $KILN_PROBE_MS set
         write_block(DOCS / "performance.md", block, [
             machine_line(command, describe_target(target), load_before, os.getloadavg()[0]),
             "", f"Versions: {versions()}.", "", *lines, *state])

@@ -778,7 +778,7 @@ enum {
   KILN_POOL_MAX_SPIN_US = 10000000,    /* 10 s */
   KILN_POOL_DEFAULT_SPIN_US = 20000,   /* 20 ms: a server's or camera's next call */
   KILN_POOL_MAX_PROBE_MS = 60000,      /* KILN_PROBE_MS: 1 minute at most */
-  KILN_POOL_DEFAULT_PROBE_MS = 100     /* whether the threads pay: after this much loop time */
+  KILN_POOL_DEFAULT_PROBE_MS = 0       /* off unless asked (docs/runtime.md, "Threads") */
 };
 /* Loops measured below this many ns run on the caller: a hand-off costs more than it
    saves. The generated host file sets it to the compiler's threshold
