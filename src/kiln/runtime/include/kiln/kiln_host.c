@@ -1508,7 +1508,7 @@ static int32_t kiln_pool_probe_body(int64_t begin, int64_t end, void* context) {
    woken first by a unit each, so no wake-up is timed; the better of two tries each). Paid
    if the threads did at least 4/3 of the caller's work per unit of time. Where the
    threads share one core (SMT siblings, or vCPUs a hypervisor placed on one), a
-   two-thread loop ran 1.5-2.2x slower than on the caller alone (docs/performance.md,
+   two-thread loop ran 1.2-1.7x slower than on the caller alone (docs/performance.md,
    "Two threads on one core"); there the loops run on the caller until the next probe. */
 static int kiln_pool_threads_pay(void) {
   int64_t threads = kiln_pool.started + 1, alone = INT64_MAX, together = INT64_MAX, span, start;
