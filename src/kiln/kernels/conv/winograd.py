@@ -364,7 +364,8 @@ def band_rows(shape: ConvShape, m: int, width: int, isa: ISA) -> int | None:
     it whole. Bands run in parallel, each thread all the steps of its band on
     workspaces of its own (docs/performance.md, "DenseNet-121's Winograd layers at
     batch 1"): taken when the image's products are parallel work (`min_parallel_work`)
-    and some split into 2+ bands of MIN_BAND_TILES tiles or more keeps the products'
+    and some split into 2+ bands of MIN_BAND_TILES tiles or more (or of one tile row of
+    ROW_BAND_TILES or more) keeps the products'
     tile count (every band's tiles, the last band's included, in whole register tiles
     of `width` tiles) and the tile rows transformed (the last band's as many as the
     others') within MAX_BAND_SURPLUS of the whole image's; the most such bands."""
@@ -372,7 +373,7 @@ def band_rows(shape: ConvShape, m: int, width: int, isa: ISA) -> int | None:
     if shape.c_out * shape.c_in * (m + 2) ** 2 * th * tw < min_parallel_work("madd", isa):
         return None
     whole = -(-(th * tw) // width) * width
-    for rows in range(-(-MIN_BAND_TILES // tw), th):
+    for rows in range(1 if tw >= ROW_BAND_TILES else -(-MIN_BAND_TILES // tw), th):
         bands = -(-th // rows)
         # the products' tiles in whole register tiles, and the tile rows transformed
         if bands * -(-(rows * tw) // width) * width <= whole * (1 + MAX_BAND_SURPLUS) and \
@@ -606,6 +607,10 @@ MAX_BAND_SURPLUS = 0.15
 #: The fewest output tiles of a band: each band reads the whole transformed weight, and
 #: uses each value of it for that many tiles.
 MIN_BAND_TILES = 16
+#: The fewest tiles of a tile row that makes a band of its own (fewer than MIN_BAND_TILES):
+#: ResNet's 56x56 layers in F(4x4), rows of 14 tiles, run in 14 bands that two threads
+#: share evenly, where 7 bands of two rows split 4 to 3 (docs/performance.md).
+ROW_BAND_TILES = 14
 #: The fewest input and output channels the rule takes a convolution to Winograd with
 #: (unless the target's attribute `winograd` is false): from 32 channels on it beats the
 #: direct kernel (docs/performance.md, "Winograd 3x3 convolutions"); 16-channel layers
