@@ -5,7 +5,7 @@ A row tile (kiln.kernels.conv.window) holds one output row per vector: a 7-colum
 leaves 9 of 16 lanes empty. Here each channel is copied as one flat run, its rows
 `pitch` apart with the zero columns between them (a row's right padding is the next
 row's left padding), so that output `(r, c)` at flat position `r * pitch + c` reads tap
-`(kh, kw)` at that position plus `kh * pitch + kw`: every tap is one shifted load per
+`(kh, kw)` at that position plus `kh * pitch + kw` (times the dilation): every tap is one shifted load per
 vector of the whole plane, the positions between rows computed and not stored. A 7 x 7
 plane (pitch 8) is 4 vectors a tap instead of 7.
 
@@ -31,12 +31,12 @@ FLAT_BLOCK, FLAT_BLOCK_MIN = 8, 4
 
 def flat_plane_vectors(shape: ConvShape, lanes: int, registers: int) -> int:
     """The vectors of one channel's flattened output plane (`flat_plane_body`), or 0
-    where the row tiles are used instead: strided, dilated or symbolic geometry, rows
+    where the row tiles are used instead: strided or symbolic geometry, rows
     of more than half a vector, a plane whose accumulators do not fit the registers
     (beside an input vector and a weight), one the flat plane saves fewer than a quarter
     of the row tiles' vectors on, or channels that split into no block."""
-    if shape.symbolic_image or shape.stride != (1, 1) or shape.dilation != (1, 1) \
-            or 2 * shape.out_w > lanes or not _block(shape):
+    if shape.symbolic_image or shape.stride != (1, 1) or 2 * shape.out_w > lanes \
+            or not _block(shape):
         return 0
     vectors = -(-shape.out_h * _pitch(shape) // lanes)
     rows = shape.out_h * -(-shape.out_w // lanes)
@@ -60,9 +60,10 @@ def flat_plane_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, vectors
     """The loop nest of a depthwise convolution (OIHW weight `w`) over flattened planes
     of `vectors` vectors each (`flat_plane_vectors`); see the module docstring."""
     pitch, top, left, block = _pitch(shape), shape.pads[0], shape.pads[1], _block(shape)
+    dh, dw = shape.dilation
     span = vectors * lanes
     # the last vector's farthest tap, rounded up to whole vectors for the zero fill
-    size = -(-(span + (shape.kh - 1) * pitch + shape.kw - 1) // lanes) * lanes
+    size = -(-(span + (shape.kh - 1) * dh * pitch + (shape.kw - 1) * dw) // lanes) * lanes
     plane = Buffer("xflat", (block, size), x.dtype, "local")
     acc = Buffer("acc", (span,), x.dtype, "local")
     stage = Buffer("stage", (span,), x.dtype, "local")
@@ -81,7 +82,7 @@ def flat_plane_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, vectors
         for kh in range(shape.kh):
             for kw in range(shape.kw):
                 def tap(r: PrimExpr, kh: int = kh, kw: int = kw) -> Stmt:
-                    xv = plane[k, r + kh * pitch + kw]
+                    xv = plane[k, r + kh * dh * pitch + kw * dw]
                     return Store(acc, madd(acc[r], xv, w[c, _c(0), _c(kh), _c(kw)], fused),
                                  (r,))
                 taps.append(lanes_loop("r", span, tap))
