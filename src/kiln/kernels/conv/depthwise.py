@@ -1,7 +1,9 @@
 """The depthwise family: `conv2d` with one input and one output channel per group ->
 `conv2d_depthwise` (weight unchanged), tile `(tile_w, lanes)`: `tile_w` output
 columns of as many output rows as the ISA's registers hold accumulators for
-(`depthwise_conv_body`, kiln.kernels.conv.window.depthwise_tile_rows). A padded
+(`depthwise_conv_body`, kiln.kernels.conv.window.depthwise_tile_rows); a stride-1 layer
+with rows of at most half a vector runs on the flattened plane instead
+(kiln.kernels.conv.flat_plane: a 7 x 7 plane is 4 vectors of 16 lanes, not 7). A padded
 stride-1 input larger than the ISA's L2 is padded channel by channel on the stack
 (`window_body`). Over an image of symbolic height and width, the run-time split
 kernel of kiln.kernels.window_symbolic (the tile unused)."""

@@ -5,9 +5,9 @@ A row tile (kiln.kernels.conv.window) holds one output row per vector: a 7-colum
 leaves 9 of 16 lanes empty. Here each channel is copied as one flat run, its rows
 `pitch` apart with the zero columns between them (a row's right padding is the next
 row's left padding), so that output `(r, c)` at flat position `r * pitch + c` reads tap
-`(kh, kw)` at that position plus `kh * pitch + kw` (times the dilation): every tap is one shifted load per
-vector of the whole plane, the positions between rows computed and not stored. A 7 x 7
-plane (pitch 8) is 4 vectors a tap instead of 7.
+`(kh, kw)` at that position plus `kh * pitch + kw` (times the dilation): every tap is
+one shifted load per vector of the whole plane, the positions between rows computed and
+not stored. A 7 x 7 plane (pitch 8) is 4 vectors a tap instead of 7.
 
 The channels go in blocks of `FLAT_BLOCK` (or a smaller divisor of their count): a
 block's planes are copied onto the stack, then convolved, so that a tap's loads come
