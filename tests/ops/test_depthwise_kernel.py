@@ -49,8 +49,10 @@ CASES: list[dict[str, Any]] = [
     dict(x=(1, 3, 17, 73), k=5, s=2, pads="SAME_UPPER", tail="silu"),
     # 3x3 stride 1 with ReLU6, batch 2: 19 output rows (blocks of 7 and a partial 5)
     dict(x=(2, 4, 19, 21), k=3, s=1, pads=(1, 1, 1, 1), tail="relu6"),
-    # 5x5, dilation 2, a 7x7 image (one tile of every row)
-    dict(x=(1, 5, 7, 7), k=5, s=1, pads=(4, 4, 4, 4), dil=2, tail=None),
+    # 5x5, dilation 2, a 7 x 6 output (one tile of every row on 8 lanes; on 16, the
+    # flattened plane of kiln.kernels.conv.flat_plane: 5 vectors of rows 11 apart, the
+    # left pad wider than the right)
+    dict(x=(1, 5, 7, 7), k=5, s=1, pads=(4, 4, 4, 3), dil=2, tail=None),
     # padded, 17 channels of 128x128 padded: more than an L2 of 1 MB, so each channel is
     # padded on the stack next to its tiles (WINDOW_PLANE_BYTES, one plane exactly)
     dict(x=(1, 17, 126, 126), k=3, s=1, pads=(1, 1, 1, 1), tail="relu6"),
@@ -155,6 +157,19 @@ def test_narrow_strided_rows_are_computed_at_stride_1(native: kiln.driver.Execut
     narrow = {CASES[0]["x"][1:]: False, POOLS[2]["x"][1:]: lanes >= 16}
     for image, computed_at_stride_1 in narrow.items():
         assert phases[image] == ((1, True) if computed_at_stride_1 else (2, False))
+
+
+def test_narrow_planes_are_flattened(native: kiln.driver.Executable) -> None:
+    """A stride-1 layer whose output rows fill under three quarters of their vectors
+    runs on the flattened plane (the dilated 7 x 6 output: 5 vectors of 16 lanes, not 7
+    rows); on 8 lanes (rows of more than half a vector) and the other layers, the row
+    tiles."""
+    flat = {f.params[0].shape[1:]: any(s.buffer.name == "xflat" for s in iter_stmts(f.body)
+                                       if isinstance(s, Allocate))
+            for f in native.ir.functions.values()
+            if f.attrs.get("kiln.conv_kernel") == "conv2d_depthwise"}
+    wide = tile_lanes(isa_for(native.target)) >= 16
+    assert flat == {case["x"][1:]: wide and case["x"] == (1, 5, 7, 7) for case in CASES}
 
 
 def test_global_pool_reads_a_merged_view(native: kiln.driver.Executable) -> None:

@@ -1,7 +1,9 @@
 """The depthwise family: `conv2d` with one input and one output channel per group ->
 `conv2d_depthwise` (weight unchanged), tile `(tile_w, lanes)`: `tile_w` output
 columns of as many output rows as the ISA's registers hold accumulators for
-(`depthwise_conv_body`, kiln.kernels.conv.window.depthwise_tile_rows). A padded
+(`depthwise_conv_body`, kiln.kernels.conv.window.depthwise_tile_rows); a stride-1 layer
+with rows of at most half a vector runs on the flattened plane instead
+(kiln.kernels.conv.flat_plane: a 7 x 7 plane is 4 vectors of 16 lanes, not 7). A padded
 stride-1 input larger than the ISA's L2 is padded channel by channel on the stack
 (`window_body`). Over an image of symbolic height and width, the run-time split
 kernel of kiln.kernels.window_symbolic (the tile unused)."""
@@ -15,6 +17,7 @@ from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimExpr, Stmt, as_expr
 from kiln.kernels.conv.family import UnpackedConv, vector_widths
+from kiln.kernels.conv.flat_plane import flat_plane_body, flat_plane_vectors
 from kiln.kernels.conv.window import (
     compacted_columns,
     depthwise_tile_width,
@@ -64,7 +67,8 @@ class DepthwiseConv(UnpackedConv):
         assert shape is not None
         lanes = tile_lanes(isa)
         if shape.symbolic_image or compacted_columns(shape, lanes) \
-                or whole_vector_rows(shape, lanes) is not None:
+                or whole_vector_rows(shape, lanes) is not None \
+                or flat_plane_vectors(shape, lanes, tile_registers(isa)):
             return []
         rule = choose_tile(shape, isa)
         return [(tw, lanes) for tw in vector_widths(shape.out_w, lanes)
@@ -96,6 +100,9 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
     def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
         return madd(acc, xv, w[c, _c(0), kh, kw], fused)
 
+    vectors = flat_plane_vectors(shape, lanes, registers)
+    if vectors:
+        return flat_plane_body(shape, x, w, out, vectors, lanes, epilogue, fused)
     return window_body(shape, x, out, tile_w, lanes, registers, tap, as_expr(0.0, x.dtype),
                        epilogue, l2_bytes)
 
