@@ -50,6 +50,7 @@ from kiln.ops.reshape_dims import reshape_attr, reshape_target
 from kiln.transform.channel_shuffles import fold_shuffles
 from kiln.transform.grouped_heads import read_grouped_heads
 from kiln.transform.pass_base import FunctionPass
+from kiln.transform.splice import splice
 
 COPY_OPS = ("reshape", "transpose", "reshape_transpose")
 Shape = tuple[Dim, ...]
@@ -182,8 +183,8 @@ def _transposed_b(func: g.Function) -> list[g.Binding] | None:
     between the transpose and the product (`transpose(k) * 1.0`) move with it."""
     uses = var_use_counts(func)
     defs = {b.var: b.value for b in func.bindings}
-    replaced: dict[g.Var, list[g.Binding]] = {}  # the matmul's var -> its new bindings
-    dropped: set[g.Var] = set()
+    replaced: dict[int, list[g.Binding]] = {}  # id(the matmul's var) -> its new bindings
+    dropped: set[int] = set()                   # id(var)
     for b in func.bindings:
         v = b.value
         if not (isinstance(v, g.Call) and v.op == "matmul" and len(v.args) == 2):
@@ -223,15 +224,11 @@ def _transposed_b(func: g.Function) -> list[g.Binding] | None:
         new = call("matmul", v.args[0], b_new, **attrs)
         if new.ret_type != v.ret_type:
             continue
-        replaced[b.var] = [*stmts, g.Binding(b.var, new)]
-        dropped.update(path)
+        replaced[id(b.var)] = [*stmts, g.Binding(b.var, new)]
+        dropped.update(id(v) for v in path)
     if not replaced:
         return None
-    out: list[g.Binding] = []
-    for b in func.bindings:
-        if b.var not in dropped:
-            out.extend(replaced.get(b.var, [b]))
-    return out
+    return splice(func.bindings, dropped, replaced)
 
 
 def _bind(stmts: list[g.Binding], hint: str, value: g.Call) -> g.Var:
@@ -272,8 +269,8 @@ def _unary_between_views(func: g.Function,
     producer."""
     changed, items, uses = _current(func, bindings)
     defs = {b.var: b.value for b in items}
-    replaced: dict[g.Var, list[g.Binding]] = {}
-    dropped: set[g.Var] = set()
+    replaced: dict[int, list[g.Binding]] = {}  # id(var) -> its new bindings
+    dropped: set[int] = set()                   # id(var)
     for b, outer in _copy_ops(items):
         u = outer.args[0]
         op = defs.get(u) if isinstance(u, g.Var) and uses[u] == 1 else None
@@ -295,11 +292,11 @@ def _unary_between_views(func: g.Function,
             last = call(outer.op, again, **dict(outer.attrs))
         if last.ret_type != b.var.type:
             continue
-        replaced[b.var] = [*stmts, g.Binding(b.var, last)]
-        dropped.update((u, inner))
+        replaced[id(b.var)] = [*stmts, g.Binding(b.var, last)]
+        dropped.update((id(u), id(inner)))
     if not replaced:
         return items if changed else None
-    return [s for b in items if b.var not in dropped for s in replaced.get(b.var, [b])]
+    return splice(items, dropped, replaced)
 
 
 def _merge_chains(func: g.Function, bindings: list[g.Binding] | None) -> list[g.Binding] | None:

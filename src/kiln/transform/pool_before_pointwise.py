@@ -31,6 +31,7 @@ from kiln.ir.types import TensorType
 from kiln.ops import spatial
 from kiln.ops.registry import call
 from kiln.transform.pass_base import FunctionPass
+from kiln.transform.splice import splice
 
 # pool op -> (the convolution of the same spatial rank, that rank)
 CONV_OF_POOL = {f"avg_pool{r}d": (f"conv{r}d", r) for r in (1, 2, 3)}
@@ -82,11 +83,7 @@ def pool_before_pointwise(fn: g.Function) -> g.Function:
         dropped.add(id(y))
     if not swapped:
         return fn
-    bindings: list[g.Binding] = []
-    for b in fn.bindings:
-        if id(b.var) in dropped:
-            continue
-        bindings.extend(swapped.get(id(b.var), (b,)))
+    bindings = splice(fn.bindings, dropped, swapped)
     return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))
 
 
