@@ -83,6 +83,7 @@ from kiln.ir.types import TensorType
 from kiln.kernels.conv.bf16_words import (
     stored_words,
     word_tile_stores,
+    words_output,
     zero_border,
 )
 from kiln.kernels.conv.blocked import blocked_tile_stores, choose_tiling
@@ -90,7 +91,7 @@ from kiln.kernels.conv.direct import PREFETCH_MAX_POSITIONS, PREFETCH_WEIGHT_L2_
 from kiln.kernels.conv.family import blocked_bias
 from kiln.kernels.conv.nchwc import POINTWISE_VECTORS, pointwise_tile, wide_tile
 from kiln.kernels.conv.run_time_width import WIDTH_NAME
-from kiln.kernels.epilogue import float32_operands, fused_store
+from kiln.kernels.epilogue import float32_operands
 from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.prefetch import LINE_BYTES, WeightPrefetch
 from kiln.kernels.registry import Family
@@ -118,7 +119,6 @@ from kiln.ops.conv_bf16 import (
     row_taps_pay,
     stem_stays_float32,
     word_block,
-    words_shape,
     words_source,
 )
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK, unpack_blocked_weight
@@ -579,18 +579,15 @@ class NchwcBf16(Family):
         cb = int(wp.shape[4])
         tile = recorded_tile(attrs, 2, self.op) or bf16_tile(shape, isa)
         conv_out = layout.block_shape((shape.n, shape.c_out, shape.out_h, shape.out_w), block)
-        source = words_source(result) if result is not None else None
+        output = words_output(params, anchor, result, conv_out)
+        if output is None:
+            return None
+        store, out, source = output.store, output.out, output.source
         word_pads = None
         if source is not None:  # the consumers' words (kiln.transform.bf16_words)
             if cb % (2 * block) or shape.c_out % (2 * block):
                 return None
             word_pads = source.pads
-            result = None if source.tensor is anchor else source.tensor
-        store = fused_store(params, anchor, result, conv_out)
-        if store is None:
-            return None
-        out = store.out if source is None else Buffer(
-            "out", words_shape(conv_out, source.pads, source.flat), "int32")
         epilogue = store.epilogue
         if len(args) > 2:
             epilogue = blocked_bias(epilogue, store.buffers[args[2]], block)

@@ -11,15 +11,47 @@ words of zeros are written before the tiles, a few rows and columns per pair of 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from kiln.ir.tensor import Buffer, IfThenElse, PrimExpr, Stmt, Store, as_expr, seq
+from kiln.kernels.epilogue import FusedStore, fused_store
 from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.tiles import Epilogue, lanes_loop
 from kiln.kernels.tiles import const as _c
 from kiln.kernels.tiles import loop as _loop
 from kiln.kernels.tiles import nest as _nest
+from kiln.ops import te
+from kiln.ops.conv_bf16 import WordsSource, words_shape, words_source
 from kiln.ops.conv_geometry import ConvShape
+
+
+@dataclass(frozen=True)
+class WordsOutput:
+    """Where a kernel fused up to `result` stores: `store` its buffers and epilogue, `out`
+    its output buffer, `source` what the words round when the output is its consumers'
+    bfloat16 words (`out` then int32 words of `words_shape`), else None."""
+
+    store: FusedStore
+    out: Buffer
+    source: WordsSource | None
+
+
+def words_output(params: Sequence[te.Tensor], anchor: te.Tensor | None,
+                 result: te.Tensor | None, shape: tuple[int, ...]) -> WordsOutput | None:
+    """The store of a kernel over `params` computing `result` from `anchor` (of float32
+    NCHW{b}c `shape`): where `result` is a `bf16_words` compute (kiln.transform.bf16_words)
+    the epilogue ends at the tensor it rounds and the output is the words. None where the
+    epilogue cannot be inlined (`fused_store`)."""
+    source = words_source(result) if result is not None else None
+    if source is not None:
+        result = None if source.tensor is anchor else source.tensor
+    store = fused_store(params, anchor, result, shape)
+    if store is None:
+        return None
+    out = store.out if source is None else Buffer(
+        "out", words_shape(shape, source.pads, source.flat), "int32")
+    return WordsOutput(store, out, source)
 
 
 def stored_words(x: Buffer, shape: ConvShape) -> tuple[Buffer, ConvShape]:

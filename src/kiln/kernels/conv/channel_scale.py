@@ -26,14 +26,13 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.analysis.vector_loops import MAX_LANES
 from kiln.ir.attrs import ATTR_CHANNEL_SCALE
-from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt, Store, seq
-from kiln.kernels.conv.bf16_words import zero_border
+from kiln.ir.tensor import PrimExpr, PrimFunc, Stmt, Store, seq
+from kiln.kernels.conv.bf16_words import words_output, zero_border
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.tiles import const, lanes_loop, loop, nest, parallel_tiles, parallel_when
 from kiln.ops import te
 from kiln.ops.broadcast import broadcast_index
-from kiln.ops.conv_bf16 import words_shape, words_source
 from kiln.target.isa import ISA
 
 
@@ -132,12 +131,10 @@ class ChannelScaleNchwc:
         if x.dtype != "float32" or not all(isinstance(d, int) for d in x.shape[1:]):
             return None
         n, cb, h, w, b = x.shape
-        source = words_source(result) if result is not None else None
-        if source is not None:  # the consumers' words (kiln.transform.bf16_words)
-            result = None if source.tensor is anchor else source.tensor
-        store = fused_store(params, anchor, result, tuple(x.shape))
-        if store is None:
+        output = words_output(params, anchor, result, tuple(x.shape))
+        if output is None:
             return None
+        store, out, source = output.store, output.out, output.source
         xb, sb = store.buffers[x], store.buffers[s]
         # a constant scale (a blocked per-channel constant, kiln.transform.nchwc_layout)
         # is one image's, whatever the batch
@@ -148,15 +145,12 @@ class ChannelScaleNchwc:
             return store.epilogue(xb[idx] * scale, idx)
 
         if source is None:
-            out = store.out
-
             def row(i: PrimExpr, c: PrimExpr, r: PrimExpr) -> Stmt:
                 return loop("q", w, lambda q: lanes_loop(
                     "v", b, lambda v: Store(out, scaled((i, c, r, q, v)), (i, c, r, q, v))))
 
             blocks, border = cb, []
         else:
-            out = Buffer("out", words_shape(x.shape, source.pads, source.flat), "int32")
             top, left = source.pads[:2]
 
             def row(i: PrimExpr, c: PrimExpr, r: PrimExpr) -> Stmt:  # c: a pair of blocks
