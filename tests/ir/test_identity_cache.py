@@ -37,3 +37,12 @@ def test_aliasing_answers_are_unchanged_when_cached() -> None:
     fn = _copy_kernel()
     first, again = analyze({"copy": fn}), analyze({"copy": fn})
     assert first == again and first.written["copy"] == frozenset({1})
+
+
+def test_a_result_put_is_the_one_found() -> None:
+    cache: IdentityCache[t.PrimFunc, int] = IdentityCache()
+    fn = _copy_kernel()
+    assert cache.get(fn) is None  # get computes nothing
+    cache.put(fn, 7)
+    assert cache.get(fn) == 7
+    assert cache.get_or_compute(fn, lambda _: 8) == 7

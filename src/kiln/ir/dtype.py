@@ -100,9 +100,19 @@ def to_numpy(dtype: str) -> np.dtype[Any]:
     return numpy_bfloat16() if dtype == "bfloat16" else np.dtype(dtype)
 
 
+# numpy dtype -> kiln name: numpy computes `dtype.name` in Python on every access, and
+# the ONNX import asks it of every constant and value it types.
+_FROM_NUMPY: dict[np.dtype[Any], str] = {}
+
+
 def from_numpy(dt: Any) -> str:
     """The kiln dtype name of a numpy dtype (or anything np.dtype accepts)."""
-    name = np.dtype(dt).name
+    npdt = np.dtype(dt)
+    name = _FROM_NUMPY.get(npdt)
+    if name is not None:
+        return name
+    name = npdt.name
     if name not in DTYPES:
         raise IRError(f"numpy dtype {name!r} has no kiln equivalent; known: {', '.join(DTYPES)}")
+    _FROM_NUMPY[npdt] = name
     return name

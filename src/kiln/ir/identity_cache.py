@@ -25,6 +25,16 @@ class IdentityCache(Generic[K, V]):
         self._entries: weakref.WeakKeyDictionary[K, V] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # compiles may run in threads (build-many, tuning)
 
+    def get(self, node: K) -> V | None:
+        """The result kept for `node`, or None (nothing is computed)."""
+        with self._lock:
+            return self._entries.get(node)
+
+    def put(self, node: K, value: V) -> None:
+        """Keep `value` as `node`'s result (one known to equal what compute would give)."""
+        with self._lock:
+            self._entries[node] = value
+
     def get_or_compute(self, node: K, compute: Callable[[K], V]) -> V:
         with self._lock:
             hit = self._entries.get(node)

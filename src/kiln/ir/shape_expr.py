@@ -175,6 +175,8 @@ def _poly_key(p: _Poly) -> tuple[Any, ...]:
 
 def simplify_dim(d: Dim) -> Dim:
     """The canonical form of `d`: an `int` when constant, else a canonical PrimExpr."""
+    if type(d) is int:  # a static size, most of them (not a bool: _Canon rejects it)
+        return d
     c = _Canon()
     return c.expr(c.poly(d))
 
@@ -186,6 +188,8 @@ def simplify_shape(shape: Iterable[Dim]) -> tuple[Dim, ...]:
 
 def dims_equal(a: Dim, b: Dim) -> bool | None:
     """True if `a == b` for every value of the variables, False if never, None if it depends."""
+    if type(a) is int and type(b) is int:
+        return a == b
     c = _Canon()
     diff = polynomial.add(c.poly(a), c.poly(b), -1)
     k = polynomial.constant(diff)
@@ -262,6 +266,8 @@ def dim_terms(d: Dim) -> tuple[Dim, ...] | None:
 
 def is_static(d: Dim | Sequence[Dim]) -> bool:
     """Whether a dimension (or every dimension of a shape) is a plain int."""
+    if type(d) is int:
+        return True
     if isinstance(d, (int, PrimExpr)):
         return isinstance(simplify_dim(d), int)
     return all(is_static(x) for x in d)

@@ -341,7 +341,20 @@ def nesting_depth(node: object) -> int:
     deepest = 0
     while level:
         deepest += 1
-        level = [c for x in level for c in _depth_children(x)]
+        below: list[object] = []
+        for x in level:
+            # `_node_children` inlined for tensor nodes, the most of every level
+            fields = _FIELDS.get(type(x))
+            if fields is None or not isinstance(x, _NODE_KINDS):
+                below += _depth_children(x)
+                continue
+            for name in fields.nodes:
+                value = getattr(x, name)
+                if isinstance(value, tuple):
+                    below += [c for c in value if isinstance(c, _NODE_KINDS)]
+                elif isinstance(value, _NODE_KINDS):
+                    below.append(value)
+        level = below
     return deepest
 
 

@@ -202,19 +202,24 @@ def _concat_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     first = types[0]
     (axis,) = norm_axes(attrs.get("axis", 0), first.ndim)
     for t in types[1:]:
-        text = (f"concat: {t.dtype}{shape_text(t.shape)} does not fit "
-                f"{first.dtype}{shape_text(first.shape)} along axis {axis}")
         if t.dtype != first.dtype or t.ndim != first.ndim:
-            raise IRError(text)
+            raise IRError(_concat_misfit(t, first, axis))
         for k, (a, b) in enumerate(zip(t.shape, first.shape)):
             same = dims_equal(a, b) if k != axis else True
             if same is None:
-                unproven(text, a, b)
+                unproven(_concat_misfit(t, first, axis), a, b)
             elif not same:
-                raise IRError(text)
+                raise IRError(_concat_misfit(t, first, axis))
     shape = list(first.shape)
     shape[axis] = sum_dims(t.shape[axis] for t in types)
     return TensorType(tuple(shape), first.dtype)
+
+
+def _concat_misfit(t: TensorType, first: TensorType, axis: int) -> str:
+    """The error text of a concat input `t` that does not fit the first one (printed
+    only on failure: DenseNet's concats take dozens of inputs each)."""
+    return (f"concat: {t.dtype}{shape_text(t.shape)} does not fit "
+            f"{first.dtype}{shape_text(first.shape)} along axis {axis}")
 
 
 def sum_dims(dims: Any) -> Dim:

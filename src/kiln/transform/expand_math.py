@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from kiln.ir import tensor as t
 from kiln.ir.module import IRModule
-from kiln.ir.visitor import StmtExprMutator
+from kiln.ir.visitor import StmtExprMutator, iter_nodes
 from kiln.kernels.math import BUILDERS, CPU_KINDS, erf_short_f32
 from kiln.target.isa import isa_for
 from kiln.target.target import Target
@@ -44,6 +44,9 @@ class ExpandMath(FunctionPass):
         target = Target.current()
         if target is None or target.kind.name not in CPU_KINDS:
             return func
+        if not any(isinstance(x, t.Intrin) and x.name in BUILDERS and x.dtype == F32
+                   for x in iter_nodes(func.body)):
+            return func  # nothing to expand: one walk, not a rewrite of every node
         isa = isa_for(target)
         body = _Expander(isa.fma, isa.precision == "bf16").visit_stmt(func.body)
         return func if body is func.body else func.with_body(body)

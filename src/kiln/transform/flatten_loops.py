@@ -30,7 +30,7 @@ import numpy as np
 
 from kiln.ir import tensor as t
 from kiln.ir.module import IRModule
-from kiln.ir.visitor import StmtExprMutator, StmtExprVisitor
+from kiln.ir.visitor import StmtExprMutator, StmtExprVisitor, StmtMutator
 from kiln.transform.partition_loops import index_offset
 from kiln.transform.pass_base import FunctionPass
 
@@ -179,7 +179,7 @@ def _collapse(loops: list[t.For], body: t.Stmt) -> t.Stmt | None:
     return None
 
 
-class _Flattener(StmtExprMutator):
+class _Flattener(StmtMutator):  # loops only: expressions are not entered
     def visit_for(self, s: t.For) -> t.Stmt:
         loops, body = _nest(s)
         if len(loops) > 1 and _plain_body(body):

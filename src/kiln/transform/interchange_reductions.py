@@ -80,11 +80,16 @@ class InterchangeReductions(FunctionPass):
 
     def run(self, mod: IRModule) -> IRModule:
         funcs = mod.prim_funcs()
+        # the module-wide alias analysis only where some kernel has a loop to move
+        candidates = {name for name, fn in funcs.items()
+                      if not fn.attrs.get(ATTR_GRAPH) and _has_accumulator_loop(fn.body)}
+        if not candidates:
+            return mod
         info = analyze(dict(funcs))
         aliased = {name for name in funcs if info.noalias[name] != info.written[name]}
         changed: dict[str, PrimFunc] = {}
         for name, fn in funcs.items():
-            if fn.attrs.get(ATTR_GRAPH):
+            if name not in candidates:
                 continue
             body = _Interchanger(self.tile, Storage(fn, name in aliased)).visit_stmt(fn.body)
             if body is not fn.body:
@@ -92,6 +97,18 @@ class InterchangeReductions(FunctionPass):
         if not changed:
             return mod
         return IRModule({n: changed.get(n, f) for n, f in mod.functions.items()}, mod.attrs)
+
+
+def _has_accumulator_loop(body: Stmt) -> bool:
+    """Whether some loop under `body` starts with a one-element stack accumulator, as
+    every loop `_Interchanger.interchange` rewrites does (statements only are walked)."""
+    for s in iter_stmts(body):
+        if isinstance(s, For):
+            first = s.body.body[0] if isinstance(s.body, SeqStmt) and s.body.body else s.body
+            if (isinstance(first, Allocate) and first.buffer.scope == "local"
+                    and first.buffer.shape == (1,)):
+                return True
+    return False
 
 
 class _Interchanger(LoopRewriter):

@@ -26,7 +26,14 @@ from itertools import pairwise
 from kiln.ir import dtype as dt
 from kiln.ir import tensor as t
 from kiln.ir.module import IRModule
-from kiln.ir.visitor import StmtExprMutator, StmtExprVisitor, fresh_copy, substitute
+from kiln.ir.visitor import (
+    StmtExprMutator,
+    StmtExprVisitor,
+    StmtMutator,
+    fresh_copy,
+    iter_nodes,
+    substitute,
+)
 from kiln.transform.pass_base import FunctionPass
 from kiln.transform.simplify import simplify_stmt
 
@@ -48,8 +55,23 @@ class PartitionLoops(FunctionPass):
     level = "tensor"
 
     def run_on_function(self, func: t.PrimFunc, name: str, mod: IRModule) -> t.PrimFunc:
+        if not _compares_with_constant(func.body):  # no loop of it has a cut
+            return func
         body = _Partitioner().visit_stmt(func.body)
         return func if body is func.body else func.with_body(body)
+
+
+def _compares_with_constant(body: t.Stmt) -> bool:
+    """Whether some comparison in `body` has a variable on one side and an integer
+    constant on the other: the only kind that cuts a loop. One walk that stops at the
+    first, where the partitioner rewrites every node and walks each loop's body again
+    (most kernels have none: ResNet-50's convolutions)."""
+    for e in iter_nodes(body):
+        if isinstance(e, t.Compare) and (
+                (isinstance(e.a, t.Var) and _int_const(e.b) is not None)
+                or (isinstance(e.b, t.Var) and _int_const(e.a) is not None)):
+            return True
+    return False
 
 
 def _int_const(e: t.PrimExpr) -> int | None:
@@ -143,7 +165,7 @@ def _edges(op: str, c: int) -> tuple[int, ...]:
     return (c,) if op in ("eq", "ne") else ()
 
 
-class _Partitioner(StmtExprMutator):
+class _Partitioner(StmtMutator):  # loops only: expressions are not entered
     def __init__(self) -> None:
         self.budget = MAX_GROWTH
 

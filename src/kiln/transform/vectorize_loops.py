@@ -30,6 +30,7 @@ from kiln.ir.analysis.vector_loops import (
     private_buffers,
     readonly_buffers,
     vector_loop_lanes,
+    walks_as,
 )
 from kiln.ir.attrs import ATTR_VECTOR_BITS
 from kiln.ir.module import IRModule
@@ -137,7 +138,7 @@ def register_pieces(loop: t.For, register_lanes: int, split_rest: bool = False) 
     scalar code: 27 bytes are 16, 8, 2 and 1 (LLVM legalizes some odd byte widths, as
     `<27 x i8>`, into code slower than its own loop vectorizer's). Later pieces bind fresh
     variables (loop and lets)."""
-    whole = t.For(loop.var, loop.start, loop.extent, "vector", loop.body)
+    whole = walks_as(t.For(loop.var, loop.start, loop.extent, "vector", loop.body), loop)
     start = loop.start.value if isinstance(loop.start, t.Const) else None
     extent = int(loop.extent.value)  # type: ignore[attr-defined]  # checked by the analysis
     if start is None or extent & (extent - 1) == 0 or (extent <= register_lanes
@@ -153,8 +154,9 @@ def register_pieces(loop: t.For, register_lanes: int, split_rest: bool = False) 
     offset = int(start)
     for lanes in sizes:
         if not pieces:
-            pieces.append(t.For(loop.var, t.Const(offset, loop.var.dtype),
-                                t.Const(lanes, loop.var.dtype), "vector", loop.body))
+            pieces.append(walks_as(t.For(loop.var, t.Const(offset, loop.var.dtype),
+                                         t.Const(lanes, loop.var.dtype), "vector",
+                                         loop.body), loop))
         else:
             var = t.Var(loop.var.name, loop.var.dtype)
             index: t.PrimExpr = var if lanes > 1 else t.Const(offset, loop.var.dtype)

@@ -329,6 +329,18 @@ def vector_shape_fault(loop: For) -> str | None:
 _WALKS: IdentityCache[For, VectorBody] = IdentityCache()
 
 
+def walks_as(loop: For, source: For) -> For:
+    """`loop`, a loop over `source`'s variable and body (another extent or kind: a
+    piece vectorize-loops cuts), given `source`'s walk if it has one: a walk reads the
+    variable and the body only, and the verifier and the backends would otherwise walk
+    the same body again for the new loop."""
+    if loop.var is source.var and loop.body is source.body:
+        found = _WALKS.get(source)
+        if found is not None:
+            _WALKS.put(loop, found)
+    return loop
+
+
 def _walked(loop: For) -> VectorBody | None:
     """`loop`'s body walked (once per loop), or None when its extent is no vector length."""
     if not isinstance(loop.extent, Const) or not 2 <= int(loop.extent.value) <= MAX_LANES:
