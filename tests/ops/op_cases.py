@@ -576,7 +576,11 @@ CASES: dict[str, list[OpCase]] = {
                 const(120, "uint8"), const(0.01, "float32"), const(7, "uint8"))),
         OpCase((ints(1, 4, 3, 6, low=-128, high=128, dtype="int8"), const(0.02, "float32"),
                 const(-3, "int8"), const(0.004, "float32"), const(5, "int8")),
-               {"channels_last": 1})],
+               {"channels_last": 1}),
+        # words of 4 channels ([N][C / 4][H][W][4]): the word rows' kernel
+        OpCase((ints(2, 3, 3, 5, 4, low=0, high=256, dtype="uint8"), const(0.05, "float32"),
+                const(120, "uint8"), const(0.01, "float32"), const(7, "uint8")),
+               {"in_layout": "NCHW4c"})],
     "qlinear_softmax": [
         OpCase((ints(2, 3, 9, low=0, high=256, dtype="uint8"), exp_table(0.1, 9),
                 const(2, "uint8")), {"y_multiplier": 255}),

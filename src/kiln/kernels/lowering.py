@@ -83,6 +83,7 @@ _LAZY: dict[str, str] = {
     "qlinear_conv_dot": "kiln.kernels.int8.conv_dot:TILED_CONV",
     "qlinear_conv_grouped": "kiln.kernels.int8.grouped:GROUPED_CONV",
     "qlinear_add": "kiln.kernels.int8.elementwise:FLAT_ADD",
+    "qlinear_global_average_pool": "kiln.kernels.int8.pool_words:WORDS_AVERAGE",
     "qlinear_concat": "kiln.kernels.int8.elementwise:CONCAT_RUNS",
     "conv2d_mlas": "kiln.kernels.int8.mlas_conv:MLAS_CONV",
 

@@ -8,13 +8,15 @@ the int32 sum over the image minus `x_zp * size`, requantized like a product's
 accumulator: `saturate(round_half_even(float32(acc) * (x_scale / (y_scale *
 float32(size)))) + y_zp)`, the product clamped to `[qmin - y_zp, qmax - y_zp]` first.
 The output keeps the pooled axes with extent 1; `x` and `y_zp` are both int8 or both
-uint8, the scales float32 scalars.
+uint8, the scales float32 scalars. With attribute `in_layout` NCHW4c (set by
+kiln.transform.quant_layout where the convolutions before it keep their activations in
+words of 4 channels) `x` is `[N][C / 4][H][W][4]` and the output NCHW `[N][C][1][1]`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -24,11 +26,24 @@ from kiln.ir.shape_expr import shape_text
 from kiln.ir.tensor import Cast, PrimExpr
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
+from kiln.ops.layout import blocked_layout, from_blocked
 from kiln.ops.quant import PRODUCT_DTYPES, qrange, requantize_ref, requantize_value
+from kiln.ops.quant_words import GROUP
 from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
 GLOBAL_AVERAGE = "qlinear_global_average_pool"
+#: The words-of-4-channels layout (kiln.ops.quant_conv_words.WORDS_LAYOUT)
+WORDS = blocked_layout(GROUP)
+
+
+def words_input(attrs: Attrs) -> bool:
+    """Whether the input is in words of 4 channels (attribute `in_layout`: "NCHW", the
+    default, or NCHW4c)."""
+    value = str(attrs.get("in_layout", "NCHW"))
+    if value not in ("NCHW", WORDS):
+        raise IRError(f"{GLOBAL_AVERAGE}: in_layout must be 'NCHW' or {WORDS!r}, got {value!r}")
+    return value == WORDS
 
 
 def pooled_axes(rank: int, attrs: Attrs) -> tuple[int, ...]:
@@ -48,6 +63,12 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
             or y_zp.ndim:
         raise IRError(f"{what}: the scales must be float32 scalars and the zero points "
                       "scalars")
+    if words_input(attrs):
+        if x.ndim != 5 or x.shape[4] != GROUP or attrs.get("channels_last") \
+                or not all(isinstance(d, int) for d in x.shape[1:]):
+            raise IRError(f"{what}: a {WORDS} input is 5-D [N][C / 4][H][W][{GROUP}], "
+                          f"static but for the batch, got {shape_text(x.shape)}")
+        return TensorType((x.shape[0], cast(int, x.shape[1]) * GROUP, 1, 1), x.dtype)
     if not all(isinstance(x.shape[k], int) for k in pooled_axes(x.ndim, attrs)):
         raise IRError(f"{what}: the image size must be static, got {shape_text(x.shape)}")
     axes = pooled_axes(x.ndim, attrs)
@@ -56,7 +77,8 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
 
 def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     x, x_scale, x_zp, y_scale, y_zp = inputs
-    axes = pooled_axes(x.ndim, attrs)
+    words = words_input(attrs)
+    axes = (2, 3) if words else pooled_axes(x.ndim, attrs)
     extents = [int(x.shape[k]) for k in axes]
     size = int(np.prod(extents))
     lo, hi = qrange(y_zp.dtype)
@@ -65,6 +87,9 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
     def element(*i: PrimExpr) -> PrimExpr:
         def term(*k: PrimExpr) -> PrimExpr:
+            if words:  # channel c is byte c % 4 of word c // 4
+                n, c = i[0], i[1]
+                return Cast("int32", x[(n, c // GROUP, *k, c % GROUP)])
             at = list(i)
             for axis, kk in zip(axes, k, strict=True):
                 at[axis] = kk
@@ -79,6 +104,9 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _reference(x: np.ndarray, x_scale: np.ndarray, x_zp: np.ndarray, y_scale: np.ndarray,
                y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
+    if words_input(attrs):
+        x = from_blocked(x, x.shape[1] * GROUP)
+        attrs = {k: v for k, v in attrs.items() if k != "in_layout"}
     axes = pooled_axes(x.ndim, attrs)
     size = int(np.prod([x.shape[k] for k in axes]))
     acc = x.astype(np.int64).sum(axis=axes, keepdims=True) - int(x_zp) * size

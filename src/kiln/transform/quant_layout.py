@@ -14,13 +14,16 @@ convolution writes the words its consumers read in place:
   reads_words`: k = (tap, c), or a 1x1 kernel) reads `NCHW4c` (`in_layout`);
 - a `qlinear_add` of two operands of its output's shape (a residual add) with scalar
   scales and zero points is element-wise, so it runs on the 5-D tensors as they are
-  when both operands and its result are `NCHW4c`.
+  when both operands and its result are `NCHW4c`;
+- a `qlinear_global_average_pool` over the image of a 4-D input reads `NCHW4c`
+  (`in_layout`; its output stays NCHW): the last stage of a ResNet, whose residual
+  stream ends in the pool, keeps its words up to it.
 
 A value takes the layout only when its producer and every reader handle it (and it is
 not the function's result), decided by removing values from the candidates until none
 breaks the rule: no reorders are added, and a chain's first convolution reads NCHW
-(ResNet's after the stem's max pool) and its last writes NCHW where a pool or another op
-reads it.
+(ResNet's after the stem's max pool) and its last writes NCHW where a max pool or another
+op reads it.
 
 Runs after quantize-ops (which packs the weights for the target's tile, so the pass
 sees each convolution's tile) on shapes static but for the batch; a no-op on targets without a dot
@@ -42,6 +45,7 @@ from kiln.ir.types import TensorType
 from kiln.kernels.int8.conv_tile import stores_words
 from kiln.ops import quant_conv_words as qc
 from kiln.ops.quant_conv_words import CONV_DOT, WORDS_LAYOUT
+from kiln.ops.quant_pool import GLOBAL_AVERAGE
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import FunctionPass
 
@@ -116,6 +120,9 @@ def _words_values(func: g.Function) -> set[g.Var]:
             arg = call.args[0].type
             return index == 0 and isinstance(arg, TensorType) and _static_4d(arg) \
                 and qc.reads_words(call.attrs, arg)
+        if call.op == GLOBAL_AVERAGE:
+            arg = call.args[0].type
+            return index == 0 and _static_4d(arg) and not call.attrs.get("channels_last")
         # a residual add reads words only where it writes them
         return call.op == _ADD and index in _ADD_DATA and reader in words
 
@@ -148,7 +155,7 @@ def _rewrite(func: g.Function, words: set[g.Var]) -> g.Function:
         assert isinstance(c, g.Call)
         args = tuple(renamed.get(a, a) if isinstance(a, g.Var) else a for a in c.args)
         attrs = dict(c.attrs)
-        if c.op == CONV_DOT:
+        if c.op in (CONV_DOT, GLOBAL_AVERAGE):
             if args[0] is not c.args[0]:
                 attrs["in_layout"] = WORDS_LAYOUT
             if b.var in words:

@@ -291,9 +291,16 @@ def tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer,
         return seq(*s.decls, in_place(s.source, ww, x_zp, out, s.out_words, s.row_epilogue,
                                       s.ws, s.begins, s.ends, s.dilations, s.big, isa,
                                       s.intrinsic))
-    xp, pad = (padded_words(s.source, x_zp, s.begins, s.ends) if s.quads
-               else padded_input(x, x_zp, s.begins, s.ends))
-    grid = ImageGrid.of(s, xp)
+    # bytes of a strided convolution with few channels (a stem's image) go straight
+    # into its phase planes, padded there
+    split_here = not s.quads and s.planes.strided and s.ws[1] < FEW_CHANNELS
+    if s.quads:
+        xp, pad = padded_words(s.source, x_zp, s.begins, s.ends)
+    elif split_here:
+        xp, pad = s.planes.split_padded(x, x_zp, s.begins)
+    else:
+        xp, pad = padded_input(x, x_zp, s.begins, s.ends)
+    grid = ImageGrid.of(s, xp, split=not split_here)
     flat_out = flat_output(out, s.out_words, s.positions)
 
     def requantized(acc: PrimExpr, oc: PrimExpr) -> PrimExpr:
@@ -339,9 +346,10 @@ class ImageGrid:
     step: tuple[int, ...]
 
     @staticmethod
-    def of(s: ConvSchedule, xp: Buffer) -> ImageGrid:
-        """The grid of schedule `s` over its padded input `xp`."""
-        src, split = s.planes.split(xp)
+    def of(s: ConvSchedule, xp: Buffer, split: bool = True) -> ImageGrid:
+        """The grid of schedule `s` over its padded input `xp` (with `split` false: its
+        phase planes, already filled)."""
+        src, fill = s.planes.split(xp) if split else (xp, seq())
         grid = list(s.planes.extents)
         row = tuple(int(np.prod(grid[j + 1:])) for j in range(s.rank))
         tile, nr = s.tile, s.tile.cols
@@ -354,7 +362,7 @@ class ImageGrid:
             padded = (-(-s.positions // tile.rows) * tile.rows if tile.channels_as_lanes
                       else -(-s.positions // nr) * nr)
         view = Buffer("x_grid", (s.batch, int(src.shape[1]), int(np.prod(grid))), src.dtype)
-        return ImageGrid(src, split, row, in_grid, padded, view, s.step)
+        return ImageGrid(src, fill, row, in_grid, padded, view, s.step)
 
     def at(self, o: Sequence[PrimExpr], rank: int) -> PrimExpr:
         """Output position `o`'s place in the grid, q(o)."""
@@ -476,6 +484,15 @@ def on_im2col(s: ConvSchedule, grid: ImageGrid, ww: Buffer, out: Buffer, flat_ou
                                out_dtype if s.out_words else None, s.lanes)
     views = (DeclBuffer(grid.view, src, 0),) if grid.in_grid else ()
     return (grid.split, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
+
+
+#: Input channels below which a strided convolution's byte input is split into its
+#: phase planes in one nest over the plane rows (`PhasePlanes.split_padded`): the stem's
+#: 3 channels gave a parallel loop per channel and one over the 3 for its padded copy;
+#: with many channels the rows, outside them, visit every channel's planes between two
+#: rows of one (the strided layers of the AVX2 int16 pairs, 128-1024 channels, each
+#: measured 1-1.5% slower so), where the padded copy splits over the channels.
+FEW_CHANNELS = 8
 
 
 #: Most bytes of im2col words a block of output rows packs at a time (`block_rows`).

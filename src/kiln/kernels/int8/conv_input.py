@@ -7,12 +7,25 @@ channels (`padded_words`), and a strided convolution's input split into phase pl
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.ir.tensor import Allocate, Buffer, DeclBuffer, PrimExpr, Stmt, Store, as_expr, seq
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    DeclBuffer,
+    IfThenElse,
+    PrimExpr,
+    Select,
+    Stmt,
+    Store,
+    as_expr,
+    max_,
+    min_,
+    seq,
+)
 from kiln.kernels.int8 import dot
 from kiln.kernels.tiles import loop as tile_loop
 from kiln.kernels.tiles import nest
@@ -201,6 +214,85 @@ class PhasePlanes:
 
             copies.append(nest(names, [batch, chans, *rows], copy))
         return planes, seq(Allocate(planes), *copies)
+
+    def split_padded(self, x: Buffer, x_zp: Buffer, begins: Sequence[int]) -> tuple[Buffer, Stmt]:
+        """The planes of `x` padded with its zero point (`begins` before each spatial
+        dimension, the zero point as far as the planes reach past its end), filled from
+        `x` itself in one loop nest: one pass over the bytes and one parallel loop (the
+        plane rows) where `padded_input` and `split` made two passes and a parallel loop
+        per channel. Along the last dimension the positions whose every phase reads
+        inside `x` copy in one loop, all phases at once (a stride-2 row reads its bytes
+        in pairs); the few at either end, and the rows wholly in the padding, take the
+        zero point."""
+        batch, chans = int(x.shape[0]), int(x.shape[1])
+        dims = [int(d) for d in x.shape[2:]]
+        last, count = len(dims) - 1, int(np.prod(self.phases))
+        width = self.extents[last]
+        planes = Buffer("x_phases", (batch, chans * count, *self.extents), x.dtype, "global")
+        all_phases = list(itertools.product(*(range(p) for p in self.phases)))
+
+        def inside(j: int, p: int) -> tuple[int, int]:
+            # the plane indices whose input index, i * s + p - begin, lies in x
+            s, b = self.strides[j], begins[j]
+            lo = min(self.extents[j], max(0, -(-(b - p) // s)))
+            return lo, max(lo, min(self.extents[j], -(-(dims[j] + b - p) // s)))
+
+        spans = [inside(last, p) for p in range(self.phases[last])]
+        lo = max(a for a, _ in spans)
+        hi = max(lo, min(b for _, b in spans))
+
+        def source(j: int, i: PrimExpr, p: int) -> PrimExpr:
+            return i * self.strides[j] + (p - begins[j])
+
+        def span(start: int, stop: int, body: Callable[[PrimExpr], Stmt]) -> Stmt:
+            return tile_loop(f"i{last}", stop - start, body, start=start) if stop > start \
+                else seq()
+
+        def row(n: PrimExpr, c: PrimExpr, outer: Sequence[PrimExpr],
+                phases: Sequence[tuple[int, ...]]) -> Stmt:
+            def store(i: PrimExpr, phase: tuple[int, ...], value: PrimExpr) -> Stmt:
+                return Store(planes, value, (n, c * count + all_phases.index(phase), *outer, i))
+
+            def read(i: PrimExpr, phase: tuple[int, ...], edge: bool) -> Stmt:
+                rows = [source(j, outer[j], phase[j]) for j in range(last)]
+                col = source(last, i, phase[last])
+                if not edge:
+                    return store(i, phase, x[(n, c, *rows, col)])
+                at = min_(max_(col, 0), dims[last] - 1)
+                return store(i, phase, Select((col >= 0) & (col < dims[last]),
+                                              x[(n, c, *rows, at)], x_zp[()]))
+
+            def edge(start: int, stop: int, phase: tuple[int, ...]) -> Stmt:
+                return span(start, stop, lambda i: read(i, phase, True))
+
+            return seq(
+                *(edge(0, lo, ph) for ph in phases),
+                span(lo, hi, lambda i: seq(*(read(i, ph, False) for ph in phases))),
+                *(edge(hi, width, ph) for ph in phases))
+
+        def pad(n: PrimExpr, plane: PrimExpr, outer: Sequence[PrimExpr]) -> Stmt:
+            return span(0, width, lambda i: Store(planes, x_zp[()], (n, plane, *outer, i)))
+
+        def rows(n: PrimExpr, *rest: PrimExpr) -> Stmt:
+            outer, c, parts = rest[:-1], rest[-1], []
+            for head in itertools.product(*(range(p) for p in self.phases[:last])):
+                phases = [(*head, p) for p in range(self.phases[last])]
+                filled = seq(*(pad(n, c * count + all_phases.index(ph), outer)
+                               for ph in phases))
+                within: PrimExpr | None = None
+                for j in range(last):
+                    a, b = inside(j, head[j])
+                    test = (outer[j] >= a) & (outer[j] < b)
+                    within = test if within is None else within & test
+                copied = row(n, c, outer, phases)
+                parts.append(copied if within is None else IfThenElse(within, copied, filled))
+            return seq(*parts)
+
+        # the plane rows outside the channels: every store indexes the plane's row by
+        # that loop's variable, so the rows are the loop that splits over the threads
+        names = ("n", *(f"i{j}" for j in range(last)), "c")
+        return planes, seq(Allocate(planes),
+                           nest(names, [batch, *self.extents[:last], chans], rows))
 
 
 #: Bytes of two cache lines: a pitch that is a multiple of it maps a column of words
