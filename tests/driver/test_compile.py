@@ -257,3 +257,27 @@ def _iter_calls(stmt: t.Stmt) -> list[t.CallFunc]:
     from kiln.ir.visitor import iter_stmts
 
     return [s for s in iter_stmts(stmt) if isinstance(s, t.CallFunc)]
+
+
+def test_the_swap_interpreter_starts_compiling_before_the_passes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kiln.codegen.prepare: for a module that names its weights (as every imported model
+    does), the llvm codegen starts swap_runtime.c's compile before the graph pipeline
+    runs, on the core the passes leave idle; a module without named weights starts none."""
+    import kiln.codegen.llvm.codegen as llvm_codegen
+    from kiln.ir.weight_origin import ATTR_WEIGHTS
+
+    started: list[str] = []
+    monkeypatch.setattr(llvm_codegen, "precompile_c", lambda a: started.append(a.file_name))
+    seen: list[list[str]] = []
+
+    def graph(mod: IRModule) -> IRModule:
+        seen.append(list(started))
+        raise RuntimeError("stop: the passes were reached")
+
+    for attrs in ({ATTR_WEIGHTS: ()}, {}):
+        started.clear()
+        with pytest.raises(RuntimeError, match="stop"):
+            kiln.compile(ir_samples.chain_module().with_attrs(**attrs), "llvm",
+                         graph_pipeline=graph)
+    assert seen == [["swap_runtime.c"], []]

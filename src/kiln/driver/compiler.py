@@ -123,6 +123,7 @@ def compile(
                                    tensor_pipeline=tensor_pipeline, prefix=prefix)
 
     verify_stage(mod, "the input module")
+    _prepare_codegen(mod, tgt, prefix)
     session = _tuning_session(tuning, tgt, mod)
     # no database: leave a session of the caller's (kiln tune's) in place
     with using(session) if session is not None else contextlib.nullcontext():
@@ -164,6 +165,16 @@ def compile(
     artifacts = ArtifactSet(pool.with_replay(artifacts, prefix))  # Module.swap_weights
     del pool  # the artifacts hold the one copy of the weights now
     return Executable(artifacts, mod, metadata, tgt, prefix, cache_hit=hit, cache_key=key)
+
+
+def _prepare_codegen(mod: IRModule, tgt: Target, prefix: str) -> None:
+    """Let the target's code generator start what the passes do not change, on the core
+    they leave idle (`kiln.codegen.prepare`)."""
+    try:
+        name, _ = codegen.codegen_for(tgt)
+    except CompileError:
+        return  # no code generator: the build says so after its passes, as before
+    codegen.prepare(name, mod, tgt, prefix=prefix)
 
 
 def _note_tuning(metadata: dict[str, Any], session: FromDatabase, tgt: Target) -> None:

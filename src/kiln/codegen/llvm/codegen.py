@@ -36,7 +36,9 @@ from kiln.codegen.llvm.target_machine import (
 )
 from kiln.codegen.naming import check_prefix, library_metadata, workspace_symbols
 from kiln.codegen.sizes import check_buffer_sizes
+from kiln.codegen.swap_program import runtime_artifact
 from kiln.errors import CompileError
+from kiln.ir import weight_origin as wo
 from kiln.ir.module import IRModule
 from kiln.ir.steps import timed_step
 from kiln.runtime.native import precompile_c
@@ -122,6 +124,16 @@ def _pointer_bits(data_layout: str) -> int:
         if spec.startswith(("p:", "p0:")):
             return int(spec.split(":")[1])
     return 64  # LLVM's default when the layout does not say
+
+
+def prepare_llvm(mod: IRModule, target: Any, *, prefix: str) -> None:
+    """Start, before the passes, the compile of the swap program's interpreter that
+    `codegen_llvm` will add for a module naming its weights (`precompile_swap_runtime`,
+    the same C for every model): on the core the passes leave idle instead of beside
+    LLVM's parts, which take every core."""
+    config = machine_config(target)
+    if wo.ATTR_WEIGHTS in mod.attrs and compiles_in_parts(config) and not _bare_metal(config):
+        precompile_c(runtime_artifact(prefix, CODEGEN_ID, DEFAULT_HOST_CFLAGS))
 
 
 def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) -> list[Any]:
