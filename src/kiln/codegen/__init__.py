@@ -13,6 +13,7 @@ runtime never imports the compiler itself.
 from kiln.codegen.registry import (
     BACKENDS_GROUP,
     CODEGENS,
+    PREPARERS,
     build,
     codegen_for,
     connect_runtime,
@@ -29,6 +30,7 @@ from kiln.codegen.registry import (
 __all__ = [
     "BACKENDS_GROUP",
     "CODEGENS",
+    "PREPARERS",
     "build",
     "codegen_for",
     "connect_runtime",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,11 +129,18 @@ def _pointer_bits(data_layout: str) -> int:
 
 
 def prepare_llvm(mod: IRModule, target: Any, *, prefix: str) -> None:
-    """Start, before the passes, the compile of the swap program's interpreter that
-    `codegen_llvm` will add for a module naming its weights (`precompile_swap_runtime`,
-    the same C for every model): on the core the passes leave idle instead of beside
-    LLVM's parts, which take every core."""
+    """Start, before the passes, on the core they leave idle: LLVM's answer which CPU
+    features the code may use (`MachineConfig.to_json`, a probe LLVM runs once a
+    process), and the compile of the swap program's interpreter that `codegen_llvm`
+    will add for a module naming its weights (`precompile_swap_runtime`, the same C for
+    every model), which otherwise ran beside LLVM's parts, which take every core."""
     config = machine_config(target)
+
+    def probe() -> None:
+        with contextlib.suppress(Exception):  # codegen_llvm asks again and reports it
+            config.to_json()
+
+    threading.Thread(target=probe, name="kiln-feature-probe", daemon=True).start()
     if wo.ATTR_WEIGHTS in mod.attrs and compiles_in_parts(config) and not _bare_metal(config):
         precompile_c(runtime_artifact(prefix, CODEGEN_ID, DEFAULT_HOST_CFLAGS))
 
