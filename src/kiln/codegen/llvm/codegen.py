@@ -15,7 +15,7 @@ from kiln.codegen import kernel_cache
 from kiln.codegen.const_table import table_artifact
 from kiln.codegen.constants import ConstantPool, precompile_swap_runtime
 from kiln.codegen.cpu_requirements import feature_rows
-from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
+from kiln.codegen.host import DEFAULT_HOST_CFLAGS, HOST_FILE, codegen_host, host_prelude
 from kiln.codegen.llvm import part_names, parts
 from kiln.codegen.llvm.bf16_dot import bf16_dot_lanes
 from kiln.codegen.llvm.cached_kernels import CachedKernels
@@ -43,7 +43,8 @@ from kiln.errors import CompileError
 from kiln.ir import weight_origin as wo
 from kiln.ir.module import IRModule
 from kiln.ir.steps import timed_step
-from kiln.runtime.native import precompile_c
+from kiln.runtime.cpu_features import CPUFeature
+from kiln.runtime.native import PRELUDE_KEY, precompile_c
 from kiln.target.isa import isa_of
 
 CODEGEN_ID = "llvm"
@@ -128,21 +129,55 @@ def _pointer_bits(data_layout: str) -> int:
     return 64  # LLVM's default when the layout does not say
 
 
+# prepare_llvm's threads by prefix and machine: codegen_llvm waits for its own first.
+_PREPARING: dict[tuple[str, MachineConfig], threading.Thread] = {}
+_PREPARING_LOCK = threading.Lock()
+
+
 def prepare_llvm(mod: IRModule, target: Any, *, prefix: str) -> None:
     """Start, before the passes, on the core they leave idle: LLVM's answer which CPU
     features the code may use (`MachineConfig.to_json`, a probe LLVM runs once a
-    process), and the compile of the swap program's interpreter that `codegen_llvm`
-    will add for a module naming its weights (`precompile_swap_runtime`, the same C for
-    every model), which otherwise ran beside LLVM's parts, which take every core."""
+    process), and for a module naming its weights (an imported model) the compiles of
+    the C that `codegen_llvm` will add and that does not depend on the passes: the swap
+    program's interpreter (`precompile_swap_runtime`) and host.c's prelude as such a
+    model's host.c has it. Both ran beside LLVM's parts, which take every core; a
+    prelude guessed wrong costs that compile, never another library's object (the
+    object cache keys it by its text)."""
     config = machine_config(target)
-
-    def probe() -> None:
-        with contextlib.suppress(Exception):  # codegen_llvm asks again and reports it
-            config.to_json()
-
-    threading.Thread(target=probe, name="kiln-feature-probe", daemon=True).start()
-    if wo.ATTR_WEIGHTS in mod.attrs and compiles_in_parts(config) and not _bare_metal(config):
+    imported = (wo.ATTR_WEIGHTS in mod.attrs and compiles_in_parts(config)
+                and not _bare_metal(config))
+    if imported:
         precompile_c(runtime_artifact(prefix, CODEGEN_ID, DEFAULT_HOST_CFLAGS))
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # codegen_llvm asks again and reports it
+            rows = feature_rows(config.triple, config.to_json()["requires_features"])
+            if imported:
+                _precompile_prelude(prefix, rows)
+
+    thread = threading.Thread(target=run, name="kiln-prepare-llvm", daemon=True)
+    with _PREPARING_LOCK:
+        _PREPARING[(prefix, config)] = thread
+    thread.start()
+
+
+def _precompile_prelude(prefix: str, rows: list[CPUFeature]) -> None:
+    """Start compiling host.c's prelude (`host_prelude`) for a library with heap
+    buffers, constants and parallel loops, as every imported model of the zoo has."""
+    prelude = host_prelude(prefix, rows, profile=(), heap=True, swap=True,
+                           parallel=True).encode("utf-8")
+    stand_in = Artifact("host", "native", HOST_FILE, prelude + b"\n",
+                        {"cflags": list(DEFAULT_HOST_CFLAGS), PRELUDE_KEY: len(prelude)})
+    precompile_c(stand_in, prelude_only=True)
+
+
+def _wait_for_prepare(prefix: str, config: MachineConfig) -> None:
+    """Wait for `prepare_llvm`'s work for `prefix` and `config`, if any: so that the
+    probe and the compiles it started are not made twice."""
+    with _PREPARING_LOCK:
+        thread = _PREPARING.pop((prefix, config), None)
+    if thread is not None:
+        thread.join()
 
 
 def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) -> list[Any]:
@@ -155,6 +190,7 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     """
 
     config = machine_config(target)
+    _wait_for_prepare(prefix, config)
     # Firmware has no threads: host.c's parallel loops then run serially.
     host_flags = [*DEFAULT_HOST_CFLAGS, "-DKILN_NO_THREADS"] if _bare_metal(config) else None
     host = codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
