@@ -41,7 +41,7 @@ from kiln.codegen.registry import graph_signature, resolve_target
 from kiln.driver import cache, generic_kernels
 from kiln.driver.executable import Executable
 from kiln.driver.fingerprint import module_fingerprint
-from kiln.errors import ArgumentTypeError, CompileError, IRError, UsageError
+from kiln.errors import ArgumentTypeError, CompileError, IRError, KilnError, UsageError
 from kiln.export.dependencies import collect_dependencies
 from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_MAX_LOOP_ITERATIONS, ATTR_TARGET, ATTR_WORKSPACE_BYTES
@@ -170,11 +170,11 @@ def compile(
 def _prepare_codegen(mod: IRModule, tgt: Target, prefix: str) -> None:
     """Let the target's code generator start what the passes do not change, on the core
     they leave idle (`kiln.codegen.prepare`)."""
-    try:
+    # An error (no code generator, a machine LLVM lacks) is the code generator's to
+    # raise after the passes, as before.
+    with contextlib.suppress(KilnError):
         name, _ = codegen.codegen_for(tgt)
-    except CompileError:
-        return  # no code generator: the build says so after its passes, as before
-    codegen.prepare(name, mod, tgt, prefix=prefix)
+        codegen.prepare(name, mod, tgt, prefix=prefix)
 
 
 def _note_tuning(metadata: dict[str, Any], session: FromDatabase, tgt: Target) -> None:
