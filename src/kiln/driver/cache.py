@@ -4,9 +4,10 @@ Key: SHA-256 over the lowered module's structural fingerprint (its constants nam
 by their place in the constant pool), the pool's chunked digest (the weights, hashed
 once per compile), the target's fingerprint, the kiln version and a hash of kiln's
 own sources, the llvmlite version, the symbol prefix and the codegen's identity. The
-same key without the weights (`structure_key`) is remembered by every store: a build
-whose structure the cache never stored cannot hit, and skips the lookup, so its weights
-are hashed while it compiles rather than before (kiln.driver.compiler).
+same key without the weights (the build's structure) is marked by every store: a build
+whose structure the cache never stored cannot hit and skips the lookup
+(`structure_known`), so its weights are hashed while it compiles rather than before
+(kiln.driver.compiler).
 
 Layout under the cache directory (docs/compile.md):
 
@@ -478,7 +479,7 @@ def structure_known(key: str) -> bool:
             os.utime(structure_path(key))  # in use: eviction keeps it (`evict`)
             return True
     except OSError:
-        pass  # an unreadable cache: the lookup that follows says so
+        pass  # an unreadable cache: the store after the build says so
     STATS.misses += 1
     return False
 
