@@ -259,30 +259,27 @@ def _iter_calls(stmt: t.Stmt) -> list[t.CallFunc]:
     return [s for s in iter_stmts(stmt) if isinstance(s, t.CallFunc)]
 
 
-def test_imported_models_start_their_fixed_c_before_the_passes(
+def test_llvm_asks_for_the_cpu_features_beside_the_passes(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """kiln.codegen.prepare: for a module that names its weights (as every imported model
-    does), the llvm codegen starts swap_runtime.c's compile before the graph pipeline
-    runs, and host.c's prelude once LLVM has said which CPU features the code may use;
-    a module without named weights starts neither."""
-    import kiln.codegen.llvm.codegen as llvm_codegen
-    from kiln.codegen.llvm.target_machine import machine_config
-    from kiln.ir.weight_origin import ATTR_WEIGHTS
+    """kiln.codegen.prepare: the llvm codegen's probe of the CPU features the code may use
+    (MachineConfig.to_json) starts on a thread of its own before the graph pipeline runs;
+    code generation waits for it and finds the answer."""
+    import threading
 
-    started: list[str] = []
-    monkeypatch.setattr(llvm_codegen, "precompile_c",
-                        lambda a, **kw: started.append(a.file_name))
+    import kiln.codegen.llvm.codegen as llvm_codegen
+    from kiln.codegen.llvm.target_machine import MachineConfig, machine_config
+
+    callers: list[str] = []
+    to_json = MachineConfig.to_json
+    monkeypatch.setattr(MachineConfig, "to_json", lambda self: callers.append(
+        threading.current_thread().name) or to_json(self))
     seen: list[list[str]] = []
 
     def graph(mod: IRModule) -> IRModule:
-        seen.append(started[:1])  # the prelude may start on its thread meanwhile
+        llvm_codegen._wait_for_prepare("kiln_", machine_config(Target("llvm")))
+        seen.append(list(callers))
         raise RuntimeError("stop: the passes were reached")
 
-    for attrs in ({ATTR_WEIGHTS: ()}, {}):
-        started.clear()
-        with pytest.raises(RuntimeError, match="stop"):
-            kiln.compile(ir_samples.chain_module().with_attrs(**attrs), "llvm",
-                         graph_pipeline=graph)
-        llvm_codegen._wait_for_prepare("kiln_", machine_config(Target("llvm")))
-        seen.append(sorted(started))
-    assert seen == [["swap_runtime.c"], ["host.c", "swap_runtime.c"], [], []]
+    with pytest.raises(RuntimeError, match="stop"):
+        kiln.compile(ir_samples.chain_module(), "llvm", graph_pipeline=graph)
+    assert seen == [["kiln-prepare-llvm"]]

@@ -248,21 +248,18 @@ def _c_units(a: AnyArtifact, cc_cmd: list[str], src: Path,
     return out
 
 
-def precompile_c(artifact: AnyArtifact, cc: str | Sequence[str] | None = None, *,
-                 prelude_only: bool = False) -> None:
+def precompile_c(artifact: AnyArtifact, cc: str | Sequence[str] | None = None) -> None:
     """Start compiling the C artifact `artifact` in the background, as `compile_native`
     with `cc` and no options will (kiln.runtime.object_cache.start): the llvm codegen
     starts host.c's compile while LLVM compiles the kernels, on another core. Does
-    nothing when the compile would not be cached or the compiler cannot start.
-    `prelude_only`: only a host.c's prelude (PRELUDE_KEY), whose rest may be a stand-in."""
+    nothing when the compile would not be cached or the compiler cannot start."""
     cc_cmd = cc_command(cc)
     folder = make_private_dir("kiln-cc-")
     src = Path(folder) / artifact.file_name
     with open(src, "wb") as f:
         write_content(f, artifact.content)
     units = [(cmd, key, obj) for cmd, key, obj in _c_units(artifact, cc_cmd, src, None)
-             if key is not None and not object_cache.started(key)
-             and (not prelude_only or obj.name == PRELUDE_FILE + ".o")]
+             if key is not None and not object_cache.started(key)]
     shared = _SharedFolder(folder, len(units))  # removed when the last compile is done
     for cmd, key, obj in units:
         try:

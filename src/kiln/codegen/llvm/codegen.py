@@ -15,7 +15,7 @@ from kiln.codegen import kernel_cache
 from kiln.codegen.const_table import table_artifact
 from kiln.codegen.constants import ConstantPool, precompile_swap_runtime
 from kiln.codegen.cpu_requirements import feature_rows
-from kiln.codegen.host import DEFAULT_HOST_CFLAGS, HOST_FILE, codegen_host, host_prelude
+from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
 from kiln.codegen.llvm import part_names, parts
 from kiln.codegen.llvm.bf16_dot import bf16_dot_lanes
 from kiln.codegen.llvm.cached_kernels import CachedKernels
@@ -38,13 +38,10 @@ from kiln.codegen.llvm.target_machine import (
 )
 from kiln.codegen.naming import check_prefix, library_metadata, workspace_symbols
 from kiln.codegen.sizes import check_buffer_sizes
-from kiln.codegen.swap_program import runtime_artifact
 from kiln.errors import CompileError
-from kiln.ir import weight_origin as wo
 from kiln.ir.module import IRModule
 from kiln.ir.steps import timed_step
-from kiln.runtime.cpu_features import CPUFeature
-from kiln.runtime.native import PRELUDE_KEY, precompile_c
+from kiln.runtime.native import precompile_c
 from kiln.target.isa import isa_of
 
 CODEGEN_ID = "llvm"
@@ -135,45 +132,26 @@ _PREPARING_LOCK = threading.Lock()
 
 
 def prepare_llvm(mod: IRModule, target: Any, *, prefix: str) -> None:
-    """Start, before the passes, on the core they leave idle: LLVM's answer which CPU
-    features the code may use (`MachineConfig.to_json`, a probe LLVM runs once a
-    process), and for a module naming its weights (an imported model) the compiles of
-    the C that `codegen_llvm` will add and that does not depend on the passes: the swap
-    program's interpreter (`precompile_swap_runtime`) and host.c's prelude as such a
-    model's host.c has it. Both ran beside LLVM's parts, which take every core; a
-    prelude guessed wrong costs that compile, never another library's object (the
-    object cache keys it by its text)."""
+    """Ask LLVM, on a thread beside the passes, which CPU features the code may use
+    (`MachineConfig.to_json`: a probe LLVM runs once a process, which took the main
+    thread at the start of code generation). C compiles started here instead ran beside
+    the passes' numpy work and slowed it more than they saved (docs/performance.md,
+    "Compile time, round eighteen")."""
     config = machine_config(target)
-    imported = (wo.ATTR_WEIGHTS in mod.attrs and compiles_in_parts(config)
-                and not _bare_metal(config))
-    if imported:
-        precompile_c(runtime_artifact(prefix, CODEGEN_ID, DEFAULT_HOST_CFLAGS))
 
-    def run() -> None:
+    def probe() -> None:
         with contextlib.suppress(Exception):  # codegen_llvm asks again and reports it
-            rows = feature_rows(config.triple, config.to_json()["requires_features"])
-            if imported:
-                _precompile_prelude(prefix, rows)
+            config.to_json()
 
-    thread = threading.Thread(target=run, name="kiln-prepare-llvm", daemon=True)
+    thread = threading.Thread(target=probe, name="kiln-prepare-llvm", daemon=True)
     with _PREPARING_LOCK:
         _PREPARING[(prefix, config)] = thread
     thread.start()
 
 
-def _precompile_prelude(prefix: str, rows: list[CPUFeature]) -> None:
-    """Start compiling host.c's prelude (`host_prelude`) for a library with heap
-    buffers, constants and parallel loops, as every imported model of the zoo has."""
-    prelude = host_prelude(prefix, rows, profile=(), heap=True, swap=True,
-                           parallel=True).encode("utf-8")
-    stand_in = Artifact("host", "native", HOST_FILE, prelude + b"\n",
-                        {"cflags": list(DEFAULT_HOST_CFLAGS), PRELUDE_KEY: len(prelude)})
-    precompile_c(stand_in, prelude_only=True)
-
-
 def _wait_for_prepare(prefix: str, config: MachineConfig) -> None:
-    """Wait for `prepare_llvm`'s work for `prefix` and `config`, if any: so that the
-    probe and the compiles it started are not made twice."""
+    """Wait for `prepare_llvm`'s probe for `prefix` and `config`, if any: so that it is
+    not made twice."""
     with _PREPARING_LOCK:
         thread = _PREPARING.pop((prefix, config), None)
     if thread is not None:
