@@ -182,12 +182,19 @@ def test_parse_size_rejects_nonsense() -> None:
 
 
 def test_size_cap_evicts_the_least_recently_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    looked: list[str] = []
+    lookup = cache.lookup
+    monkeypatch.setattr(cache, "lookup", lambda key: looked.append(key) or lookup(key))
     keys = []
-    for seed in range(3):
+    for seed in range(3):  # one structure, three sets of weights
         ex = kiln.compile(weights_module(seed)[0], "c")
         keys.append(ex.cache_key)
         os.utime(cache.entry_path(str(ex.cache_key)), (1000 + seed, 1000 + seed))
     assert {e.key for e in cache.list_entries()} == set(keys)
+    # A structure never stored cannot hit: the first build looked nothing up (its weights
+    # hashed beside its codegen), the others hashed theirs first and missed.
+    assert looked == keys[1:] and CACHE_STATS.misses == 3
+    (mark,) = (cache.cache_dir() / cache.LAYOUT / "structures").iterdir()
     # Use entry 0 again: entry 1 becomes the least recently used.
     assert kiln.compile(weights_module(0)[0], "c").cache_hit
     cap = cache.usage() + 1024  # room for three entries, not four
@@ -196,8 +203,11 @@ def test_size_cap_evicts_the_least_recently_used(monkeypatch: pytest.MonkeyPatch
     left = {e.key for e in cache.list_entries()}
     assert keys[0] in left and keys[1] not in left
     assert cache.usage() <= cap
-    # The evicted entry's weights went with it.
-    assert len(weights_objects()) == len(left)
+    # The evicted entry's weights went with it; its structure's mark stays for the others.
+    assert len(weights_objects()) == len(left) and mark.exists()
+    os.utime(mark, (1000, 1000))  # not used since long before any entry left
+    cache.evict(0)
+    assert not mark.exists()
 
 
 def test_eviction_reads_each_entry_once(monkeypatch: pytest.MonkeyPatch) -> None:

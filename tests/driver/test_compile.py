@@ -257,3 +257,29 @@ def _iter_calls(stmt: t.Stmt) -> list[t.CallFunc]:
     from kiln.ir.visitor import iter_stmts
 
     return [s for s in iter_stmts(stmt) if isinstance(s, t.CallFunc)]
+
+
+def test_llvm_asks_for_the_cpu_features_beside_the_passes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kiln.codegen.prepare: the llvm codegen's probe of the CPU features the code may use
+    (MachineConfig.to_json) starts on a thread of its own before the graph pipeline runs;
+    code generation waits for it and finds the answer."""
+    import threading
+
+    import kiln.codegen.llvm.codegen as llvm_codegen
+    from kiln.codegen.llvm.target_machine import MachineConfig, machine_config
+
+    callers: list[str] = []
+    to_json = MachineConfig.to_json
+    monkeypatch.setattr(MachineConfig, "to_json", lambda self: callers.append(
+        threading.current_thread().name) or to_json(self))
+    seen: list[list[str]] = []
+
+    def graph(mod: IRModule) -> IRModule:
+        llvm_codegen._wait_for_prepare("kiln_", machine_config(Target("llvm")))
+        seen.append(list(callers))
+        raise RuntimeError("stop: the passes were reached")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        kiln.compile(ir_samples.chain_module(), "llvm", graph_pipeline=graph)
+    assert seen == [["kiln-prepare-llvm"]]

@@ -15,10 +15,14 @@ from kiln.codegen.constants import CONST_ALIGN, ConstantPool
                                    [CHUNK_SIZE // 4 + 1, CHUNK_SIZE // 2, 17]])
 def test_digests_from_the_arrays_equal_digests_of_the_blob(sizes: list[int]) -> None:
     rng = np.random.default_rng(len(sizes))
-    arrays = [rng.standard_normal(n).astype(np.float32) for n in sizes]
-    pool = ConstantPool()
+    arrays = [rng.random(n, dtype=np.float32) for n in sizes]
+    pool, beside = ConstantPool(), ConstantPool()
     offsets = [pool.add(a) for a in arrays]
     streamed = pool.chunk_digests()  # before the blob exists: hashed from the arrays
+    for a in arrays:
+        beside.add(a)
+    beside.hash_in_background()  # the same digests, from threads of their own
+    assert beside.chunk_digests() == streamed
     blob = pool.to_bytes()
     assert streamed == chunk_digests(blob)
     # The blob by hand: each array at its aligned offset, zero padding between.

@@ -47,14 +47,16 @@ def _view(data: BytesLike) -> memoryview:
     return view if view.ndim == 1 and view.itemsize == 1 else view.cast("B")
 
 
-def chunk_digests(data: BytesLike | Segments, chunk_size: int = CHUNK_SIZE) -> bytes:
-    """The concatenated SHA-256 digests of each `chunk_size` piece of `data` (several
-    threads hash the chunks of a large one; Segments are hashed from their pieces)."""
+def chunk_digests(data: BytesLike | Segments, chunk_size: int = CHUNK_SIZE, *,
+                  threads: int | None = None) -> bytes:
+    """The concatenated SHA-256 digests of each `chunk_size` piece of `data` (up to
+    `threads` threads, default one per CPU up to 4, hash the chunks of a large one;
+    Segments are hashed from their pieces)."""
     if isinstance(data, Segments):
-        return _digest_chunks(_chunk_pieces(data.parts(), chunk_size), len(data))
+        return _digest_chunks(_chunk_pieces(data.parts(), chunk_size), len(data), threads)
     view = _view(data)
     return _digest_chunks([(view[i:i + chunk_size],) for i in range(0, len(view), chunk_size)],
-                          len(view))
+                          len(view), threads)
 
 
 def _chunk_pieces(parts: Iterable[BytesLike], chunk_size: int) -> Iterator[list[memoryview]]:
@@ -75,17 +77,19 @@ def _chunk_pieces(parts: Iterable[BytesLike], chunk_size: int) -> Iterator[list[
         yield chunk
 
 
-def _digest_chunks(chunks: Iterable[Sequence[memoryview]], length: int) -> bytes:
-    """The digests of `chunks` (each a sequence of views hashed as one), on several threads
-    when the `length` bytes are many (hashlib releases the GIL). The chunks are taken a
-    batch at a time: a part that the pieces' producer copies (a strided array made
+def _digest_chunks(chunks: Iterable[Sequence[memoryview]], length: int,
+                   threads: int | None = None) -> bytes:
+    """The digests of `chunks` (each a sequence of views hashed as one), on up to `threads`
+    threads when the `length` bytes are many (hashlib releases the GIL). The chunks are
+    taken a batch at a time: a part that the pieces' producer copies (a strided array made
     contiguous) is held only while its batch is hashed."""
 
-    if length < _PARALLEL_MIN or (os.cpu_count() or 1) < 2:
+    workers = min(4, os.cpu_count() or 1) if threads is None else threads
+    if length < _PARALLEL_MIN or workers < 2:
         return b"".join(map(_sha256_of, chunks))
     out: list[bytes] = []
     pending = iter(chunks)
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         while batch := list(islice(pending, _PARALLEL_BATCH)):
             out.extend(pool.map(_sha256_of, batch))
     return b"".join(out)

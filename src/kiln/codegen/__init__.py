@@ -13,6 +13,7 @@ runtime never imports the compiler itself.
 from kiln.codegen.registry import (
     BACKENDS_GROUP,
     CODEGENS,
+    PREPARERS,
     build,
     codegen_for,
     connect_runtime,
@@ -20,6 +21,7 @@ from kiln.codegen.registry import (
     graph_signature,
     list_codegens,
     load_backends,
+    prepare,
     register_codegen,
     register_python_kind,
     resolve_target,
@@ -28,6 +30,7 @@ from kiln.codegen.registry import (
 __all__ = [
     "BACKENDS_GROUP",
     "CODEGENS",
+    "PREPARERS",
     "build",
     "codegen_for",
     "connect_runtime",
@@ -35,6 +38,7 @@ __all__ = [
     "graph_signature",
     "list_codegens",
     "load_backends",
+    "prepare",
     "register_codegen",
     "register_python_kind",
     "resolve_target",

@@ -14,7 +14,10 @@ archive and cache writers stream the pieces.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
@@ -70,6 +73,7 @@ class ConstantPool:
         self.size = 0
         self._arena: memoryview | None = None  # the adopted arena (see _adopt_arena)
         self._digests: bytes | None = None
+        self._hashing: Future[bytes] | None = None  # hash_in_background's digests
         # The model's named weights (kiln.ir.weight_origin.ATTR_WEIGHTS), from from_module.
         self.named_weights: tuple[tuple[Any, ...], ...] | None = None
         self._index: dict[int, int] = {}
@@ -90,7 +94,7 @@ class ConstantPool:
         self._index[key] = len(self._keep)
         self._keep.append(data)
         self.size = offset + data.nbytes
-        self._digests = None  # the blob changed
+        self._digests = self._hashing = None  # the blob changed
         return offset
 
     @property
@@ -187,8 +191,31 @@ class ConstantPool:
         """
 
         if self._digests is None:
-            self._digests = chunk_digests(self.content())
+            hashing = self._hashing
+            self._digests = (hashing.result() if hashing is not None
+                             else chunk_digests(self.content()))
         return self._digests
+
+    def hash_in_background(self) -> None:
+        """Start `chunk_digests` on threads of its own (one per CPU but one, at least
+        one), for a caller with other work to do before it needs the digests: the
+        compile driver when the compile cache cannot hold this build (kiln.driver.
+        compiler), whose lowering then runs beside the hashing on the core left to it.
+        `chunk_digests` waits for them."""
+        if self._digests is not None or self._hashing is not None:
+            return
+        content = self.content()
+        threads = max(1, min(4, (os.cpu_count() or 1) - 1))
+        hashing: Future[bytes] = Future()
+
+        def run() -> None:
+            try:
+                hashing.set_result(chunk_digests(content, threads=threads))
+            except BaseException as exc:  # handed to the caller of chunk_digests
+                hashing.set_exception(exc)
+
+        self._hashing = hashing
+        threading.Thread(target=run, name="kiln-weights-hash", daemon=True).start()
 
     def _pieces(self) -> Iterator[tuple[int, memoryview]]:
         """(offset, bytes) of every array, in blob order, without copying."""
@@ -259,7 +286,7 @@ class ConstantPool:
         view = root[skip:skip + end].view()
         view.flags.writeable = False
         self._arena = view.data
-        self._digests = None
+        self._digests = self._hashing = None
 
 
 def _swapping_host(artifacts: Iterable[Any]) -> Artifact | None:

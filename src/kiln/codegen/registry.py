@@ -59,6 +59,11 @@ for _name, _path in {
 }.items():
     CODEGENS.register(_name, lazy=_path)
 
+# What a codegen may start before the passes run (`prepare`): work that depends only on
+# the input module and the target, done meanwhile on a core the passes leave idle.
+PREPARERS: Registry[Callable[..., None]] = Registry("codegen preparer")
+PREPARERS.register("llvm", lazy="kiln.codegen.llvm.codegen:prepare_llvm")
+
 
 def register_codegen(name: str, fn: CodegenFn, *, override: bool = False) -> CodegenFn:
     """Register `fn` as the codegen called `name`; returns `fn`."""
@@ -90,6 +95,13 @@ def get_codegen(name: str) -> CodegenFn:
         if missing is not None:
             raise missing from exc
         raise CompileError(f"codegen '{name}' cannot be imported: {exc}") from exc
+
+
+def prepare(name: str, mod: IRModule, target: Target, *, prefix: str) -> None:
+    """Let codegen `name` start, before the passes, what its build of `mod` (the input
+    module) for `target` will need (`PREPARERS`; nothing for a codegen without one)."""
+    if name in PREPARERS:
+        PREPARERS.get(name)(mod, target, prefix=prefix)
 
 
 def codegen_for(target: Target) -> tuple[str, CodegenFn]:

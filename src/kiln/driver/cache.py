@@ -1,9 +1,13 @@
 """The on-disk compile cache: codegen output keyed by what determines it.
 
-Key: SHA-256 over the lowered module's structural fingerprint (whose weights
-part is the constant pool's chunked digest, computed once per compile), the
-target's fingerprint, the kiln version and a hash of kiln's own sources, the
-llvmlite version, the symbol prefix and the codegen's identity.
+Key: SHA-256 over the lowered module's structural fingerprint (its constants named
+by their place in the constant pool), the pool's chunked digest (the weights, hashed
+once per compile), the target's fingerprint, the kiln version and a hash of kiln's
+own sources, the llvmlite version, the symbol prefix and the codegen's identity. The
+same key without the weights (the build's structure) is marked by every store: a build
+whose structure the cache never stored cannot hit and skips the lookup
+(`structure_known`), so its weights are hashed while it compiles rather than before
+(kiln.driver.compiler).
 
 Layout under the cache directory (docs/compile.md):
 
@@ -14,6 +18,7 @@ Layout under the cache directory (docs/compile.md):
     v2/staging/                libraries being linked, moved into objects/ when stored
     v2/digests/<h>.json        the digest of a file hashed before (a model given to a
                                session), with its stat identity
+    v2/structures/<key>        empty: an entry of this structure key was stored (a hint)
 
 An entry may instead hold one linked shared library (`store_library`, for
 `kiln.InferenceSession`, kiln/session/start.py): that object is loaded from where it
@@ -182,11 +187,13 @@ def kernel_cache_enabled(config: dict[str, Any] | None = None) -> bool:
     return bool(config.get("kiln.kernel_cache", cache_enabled(config)))
 
 
-def cache_key(*, ir_fingerprint: str, target_fingerprint: str, prefix: str,
-              codegen: str) -> str:
-    """The hex key of one build."""
+def cache_key(*, ir_fingerprint: str, weights: str | None, target_fingerprint: str,
+              prefix: str, codegen: str) -> str:
+    """The hex key of one build: `weights` names its constant pool (`ConstantPool.
+    fingerprint`); None gives its structure key (`structure_known`)."""
 
-    fields = {"format": CACHE_FORMAT, "ir": ir_fingerprint, "target": target_fingerprint,
+    fields = {"format": CACHE_FORMAT, "ir": ir_fingerprint, "weights": weights,
+              "target": target_fingerprint,
               "kiln": __version__, "kiln_source": kiln_source_fingerprint(),
               "llvmlite": _version("llvmlite"), "prefix": prefix, "codegen": codegen}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
@@ -247,6 +254,11 @@ def entry_path(key: str) -> Path:
 def object_path(name: str) -> Path:
     """Where the content-addressed object `name` lives."""
     return _root() / "objects" / name[:2] / name
+
+
+def structure_path(key: str) -> Path:
+    """The mark that an entry of structure key `key` was stored."""
+    return _root() / "structures" / key
 
 
 def _unsafe(st: os.stat_result, what: str) -> str | None:
@@ -372,14 +384,16 @@ def chunked_object_name(size: int, chunk_size: int, digests: bytes) -> str:
     return "c" + tree_digest(digests, size, chunk_size)
 
 
-def store_object_async(name: str, size: int,
+def store_object_async(name: Callable[[], str], size: int,
                        parts: Iterable[bytes | memoryview]) -> threading.Thread | None:
-    """Start writing one object (`size` bytes, in `parts`) in a background thread.
+    """Start writing one object (`size` bytes, in `parts`) in a background thread, which
+    asks `name()` for its name first (the weights' name waits for their digests).
 
     The compile driver writes the weights this way while the code generator
     runs (both release the GIL), so a large model's cache write costs no wall
     time; `store` then finds the object present. Join the thread before
-    `store`. None when the cache cannot hold the object or it is there already.
+    `store`. None when the cache cannot hold the object; the thread writes nothing
+    when it is there already.
     Failures are counted in STATS.errors, never raised: the cache never fails a build.
     """
     cap = max_bytes()
@@ -388,16 +402,15 @@ def store_object_async(name: str, size: int,
     try:
         if not _safe_dirs(create=True):
             return None
-        target = object_path(name)
-        if target.is_file() and target.stat().st_size == size:
-            return None
     except OSError as exc:
         _degrade(exc, "write to the compile cache at")
         return None
 
     def write() -> None:
         try:
-            _write_atomic(target, parts, size)
+            target = object_path(name())
+            if not target.is_file() or target.stat().st_size != size:
+                _write_atomic(target, parts, size)
         except (OSError, ValueError):
             STATS.errors += 1
 
@@ -456,6 +469,21 @@ def lookup(key: str) -> ArtifactSet | None:
     return found
 
 
+def structure_known(key: str) -> bool:
+    """Whether an entry of structure key `key` (`cache_key` without weights) was stored,
+    as far as the marks tell: False means no lookup of a key of this structure can hit
+    (counted as a miss), so the build need not hash its weights to ask. A mark evicted
+    or lost only costs a compile; the entry's own checks stay what a hit trusts."""
+    try:
+        if _safe_dirs(create=False) and structure_path(key).is_file():
+            os.utime(structure_path(key))  # in use: eviction keeps it (`evict`)
+            return True
+    except OSError:
+        pass  # an unreadable cache: the store after the build says so
+    STATS.misses += 1
+    return False
+
+
 def _lookup(key: str) -> ArtifactSet | None:
     path = entry_path(key)
     if not _safe_dirs(create=False) or not path.is_file():
@@ -490,8 +518,10 @@ def _lookup(key: str) -> ArtifactSet | None:
     return artifacts
 
 
-def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
-    """Save `artifacts` under `key`; False (and nothing written) if any is in-memory.
+def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any],
+          structure: str | None = None) -> bool:
+    """Save `artifacts` under `key`, and mark its `structure` key (`structure_known`);
+    False (and nothing written) if any is in-memory.
 
     Objects already present are not written again. A cache that cannot be
     written (read-only home, full disk, unsafe directory) never fails a build.
@@ -521,9 +551,18 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
                           "size": a.size, "object": name,
                           "chunk_size": chunks[0] if chunks else None})
         _write_entry(key, items, metadata)
+        if structure is not None:
+            _mark(structure_path(structure))
         return True
 
     return _committed(write, cap)
+
+
+def _mark(path: Path) -> None:
+    """Create the empty file `path` (0600), or touch it."""
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600))
+    os.utime(path)
 
 
 def _committed(write: Callable[[], bool], cap: int | None) -> bool:
@@ -898,7 +937,20 @@ def evict(limit: int, *, used: int | None = None) -> int:
                 # An object no entry ever used may belong to a store still under way.
                 if name in evicted or now - p.stat().st_mtime > _GRACE_SECONDS:
                     p.unlink()
+    _forget_structures(min((st.st_mtime for path, st in entries if path.exists()),
+                           default=now))
     return before - usage()
+
+
+def _forget_structures(oldest: float) -> None:
+    """Remove the structure marks (`structure_known`) untouched since before `oldest`,
+    the last use of the least recently used entry left: a mark is touched whenever an
+    entry of its structure is stored or looked up, so no entry left needs them."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for p in (_root() / "structures").iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                if p.stat().st_mtime < oldest - _GRACE_SECONDS:
+                    p.unlink()
 
 
 def clear() -> int:

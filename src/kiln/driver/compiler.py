@@ -14,7 +14,10 @@
 5. gather the weights into one ConstantPool (one copy, hashed once in chunks;
    the digest feeds the cache key, the cache and the library's weight check);
 6. codegen through the registry (`kiln.codegen.build`), or take the artifacts
-   from the on-disk compile cache.
+   from the on-disk compile cache. The cache is asked first whether it ever stored
+   this structure (the key without the weights, `cache.structure_known`): if not, no
+   lookup can hit, and the weights are hashed on other threads while the code
+   generator runs (`ConstantPool.hash_in_background`), not before.
 
 Every step after the pipelines is timed through `kiln.transform.instruments.
 timed_step`, so a `TimingInstrument` in the PassContext reports it.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import kiln.codegen as codegen
@@ -37,7 +41,7 @@ from kiln.codegen.registry import graph_signature, resolve_target
 from kiln.driver import cache, generic_kernels
 from kiln.driver.executable import Executable
 from kiln.driver.fingerprint import module_fingerprint
-from kiln.errors import ArgumentTypeError, CompileError, IRError, UsageError
+from kiln.errors import ArgumentTypeError, CompileError, IRError, KilnError, UsageError
 from kiln.export.dependencies import collect_dependencies
 from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_MAX_LOOP_ITERATIONS, ATTR_TARGET, ATTR_WORKSPACE_BYTES
@@ -119,6 +123,7 @@ def compile(
                                    tensor_pipeline=tensor_pipeline, prefix=prefix)
 
     verify_stage(mod, "the input module")
+    _prepare_codegen(mod, tgt, prefix)
     session = _tuning_session(tuning, tgt, mod)
     # no database: leave a session of the caller's (kiln tune's) in place
     with using(session) if session is not None else contextlib.nullcontext():
@@ -137,23 +142,39 @@ def compile(
     artifacts = None
     with timed_step("constants"):
         pool = ConstantPool.from_module(mod)
-    key = _cache_key(mod, pool, tgt, prefix, codegen_name, codegen_fn)
-    if key is not None:
+    keys = _cache_keys(mod, pool, tgt, prefix, codegen_name, codegen_fn)
+    key = None
+    if keys is not None:
         with timed_step("cache.lookup"):
-            artifacts = cache.lookup(key)
+            if cache.structure_known(keys.structure):
+                key = keys.with_weights(pool)  # hashes the weights now
+                artifacts = cache.lookup(key)
     hit = artifacts is not None
     if artifacts is None:
-        artifacts = _generate(codegen_name, built, tgt, prefix, pool, key)
+        if key is None:  # no lookup needed them: hashed beside the code generator
+            pool.hash_in_background()
+        artifacts = _generate(codegen_name, built, tgt, prefix, pool, keys is not None)
 
         deps = collect_dependencies(artifacts)
         if deps:  # in the library metadata too (kiln inspect, docs/mlf.md)
             metadata["external_dependencies"] = [d.to_json() for d in deps]
-        if key is not None:
+        if keys is not None:
             with timed_step("cache.store"):
-                cache.store(key, artifacts, metadata)
+                key = keys.with_weights(pool)
+                cache.store(key, artifacts, metadata, structure=keys.structure)
     artifacts = ArtifactSet(pool.with_replay(artifacts, prefix))  # Module.swap_weights
     del pool  # the artifacts hold the one copy of the weights now
     return Executable(artifacts, mod, metadata, tgt, prefix, cache_hit=hit, cache_key=key)
+
+
+def _prepare_codegen(mod: IRModule, tgt: Target, prefix: str) -> None:
+    """Let the target's code generator start what the passes do not change, on the core
+    they leave idle (`kiln.codegen.prepare`)."""
+    # An error (no code generator, a machine LLVM lacks) is the code generator's to
+    # raise after the passes, as before.
+    with contextlib.suppress(KilnError):
+        name, _ = codegen.codegen_for(tgt)
+        codegen.prepare(name, mod, tgt, prefix=prefix)
 
 
 def _note_tuning(metadata: dict[str, Any], session: FromDatabase, tgt: Target) -> None:
@@ -170,30 +191,45 @@ def _note_tuning(metadata: dict[str, Any], session: FromDatabase, tgt: Target) -
                       "docs/tuning.md): tune this model to check them", stacklevel=3)
 
 
-def _cache_key(mod: IRModule, pool: ConstantPool, tgt: Target, prefix: str,
-               codegen_name: str, codegen_fn: object) -> str | None:
-    """The compile cache's key of this build (its code generator named `codegen_name`,
+@dataclass(frozen=True)
+class _CacheKeys:
+    """A build's compile-cache key, but for its weights: `structure` (the key of no
+    weights) and the fields that `with_weights` completes."""
+
+    fields: dict[str, str]
+    structure: str
+
+    def with_weights(self, pool: ConstantPool) -> str:
+        """The build's key: hashes `pool`'s weights unless they are hashed already."""
+        with timed_step("fingerprint.weights"):
+            return cache.cache_key(weights=pool.fingerprint(), **self.fields)
+
+
+def _cache_keys(mod: IRModule, pool: ConstantPool, tgt: Target, prefix: str,
+                codegen_name: str, codegen_fn: object) -> _CacheKeys | None:
+    """The compile cache's keys of this build (its code generator named `codegen_name`,
     run by `codegen_fn`), or None when the cache is off."""
     if not cache.cache_enabled(PassContext.current().config):
         return None
     with timed_step("fingerprint"):
-        return cache.cache_key(ir_fingerprint=module_fingerprint(mod, pool),
-                               target_fingerprint=tgt.fingerprint(), prefix=prefix,
-                               codegen=f"{codegen_name}:{_qualname(codegen_fn)}"
-                               # large pools are addressed otherwise (codegen/constants.py)
-                               + (":large-consts" if pool.large else ""))
+        fields = {"ir_fingerprint": module_fingerprint(mod, pool),
+                  "target_fingerprint": tgt.fingerprint(), "prefix": prefix,
+                  "codegen": f"{codegen_name}:{_qualname(codegen_fn)}"
+                  # large pools are addressed otherwise (codegen/constants.py)
+                  + (":large-consts" if pool.large else "")}
+        return _CacheKeys(fields, cache.cache_key(weights=None, **fields))
 
 
 def _generate(codegen_name: str, built: IRModule, tgt: Target, prefix: str,
-              pool: ConstantPool, key: str | None) -> ArtifactSet:
-    """The artifacts of codegen `codegen_name` for `built` (outlined if it needs it); with
-    a cache `key`, the weights are written to the cache meanwhile."""
+              pool: ConstantPool, cached: bool) -> ArtifactSet:
+    """The artifacts of codegen `codegen_name` for `built` (outlined if it needs it); when
+    `cached` (the compile cache is on), the weights are written to the cache meanwhile."""
 
     writer = None
-    if key is not None and pool.size:
-        # The weights go to the cache while the code generator runs.
+    if cached and pool.size:
+        # The weights go to the cache while the code generator runs, named once hashed.
         writer = cache.store_object_async(
-            cache.chunked_object_name(pool.size, CHUNK_SIZE, pool.chunk_digests()),
+            lambda: cache.chunked_object_name(pool.size, CHUNK_SIZE, pool.chunk_digests()),
             pool.size, pool.parts())
     # The kernel cache follows the compile cache's switch unless the config sets its own
     # (kiln.codegen.kernel_cache).

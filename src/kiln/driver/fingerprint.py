@@ -11,8 +11,10 @@ The hash is computed from the IR itself rather than from printed kiln.script
 text: it covers the constants' bytes exactly and depends on no printer.
 
 Given the module's `ConstantPool`, constants in the pool are named by their
-offset and the pool's chunked digest (computed once, and reused for the cache
-and the library's weight check) instead of being hashed a second time.
+offset, dtype and shape only: the fingerprint is then the module's structure without
+its weights' bytes, and the compile cache keys the pool's chunked digest apart
+(`kiln.driver.cache.cache_key`), so a build can ask whether the cache holds this
+structure before the weights are hashed.
 """
 
 from __future__ import annotations
@@ -41,12 +43,13 @@ FINGERPRINT_VERSION = 2
 def module_fingerprint(mod: IRModule, pool: ConstantPool | None = None) -> str:
     """Hex SHA-256 over the module's structure (see the module docstring).
 
-    `pool`, if given, must be `ConstantPool.from_module(mod)`.
+    `pool`, if given, must be `ConstantPool.from_module(mod)`: its constants are named by
+    their place, not hashed (the caller keys `pool.fingerprint()` beside this one).
     """
     h = hashlib.sha256()
     h.update(f"kiln.ir.fingerprint/{FINGERPRINT_VERSION}\n".encode())
     if pool is not None:
-        h.update(f"pool:{pool.fingerprint()}\n".encode())
+        h.update(b"pooled\n")
     ids: dict[int, int] = {}
     keep: list[object] = []  # keeps id() values unique during the walk
     stack: list[Any] = [("module-attrs", _sorted_items(mod.attrs))]

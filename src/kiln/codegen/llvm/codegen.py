@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +126,38 @@ def _pointer_bits(data_layout: str) -> int:
     return 64  # LLVM's default when the layout does not say
 
 
+# prepare_llvm's threads by prefix and machine: codegen_llvm waits for its own first.
+_PREPARING: dict[tuple[str, MachineConfig], threading.Thread] = {}
+_PREPARING_LOCK = threading.Lock()
+
+
+def prepare_llvm(mod: IRModule, target: Any, *, prefix: str) -> None:
+    """Ask LLVM, on a thread beside the passes, which CPU features the code may use
+    (`MachineConfig.to_json`: a probe LLVM runs once a process, which took the main
+    thread at the start of code generation). C compiles started here instead ran beside
+    the passes' numpy work and slowed it more than they saved (docs/performance.md,
+    "Compile time, round eighteen")."""
+    config = machine_config(target)
+
+    def probe() -> None:
+        with contextlib.suppress(Exception):  # codegen_llvm asks again and reports it
+            config.to_json()
+
+    thread = threading.Thread(target=probe, name="kiln-prepare-llvm", daemon=True)
+    with _PREPARING_LOCK:
+        _PREPARING[(prefix, config)] = thread
+    thread.start()
+
+
+def _wait_for_prepare(prefix: str, config: MachineConfig) -> None:
+    """Wait for `prepare_llvm`'s probe for `prefix` and `config`, if any: so that it is
+    not made twice."""
+    with _PREPARING_LOCK:
+        thread = _PREPARING.pop((prefix, config), None)
+    if thread is not None:
+        thread.join()
+
+
 def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) -> list[Any]:
     """Compile the lowered module `mod` for `target` (kind `llvm`) into artifacts.
 
@@ -134,6 +168,7 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     """
 
     config = machine_config(target)
+    _wait_for_prepare(prefix, config)
     # Firmware has no threads: host.c's parallel loops then run serially.
     host_flags = [*DEFAULT_HOST_CFLAGS, "-DKILN_NO_THREADS"] if _bare_metal(config) else None
     host = codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
