@@ -488,7 +488,7 @@ def test_each_thread_gets_an_equal_share_of_the_iterations(tmp_path: Path) -> No
 VERDICT_PROGRAM = r"""
 #define _GNU_SOURCE
 #define KILN_HOST_PARALLEL
-#define KILN_POOL_PROBE_LOOPS 2 /* a probe every other loop (else every 64th) */
+#define KILN_POOL_PROBE_LOOPS 4 /* a probe every fourth loop at most (else 128th) */
 #include <kiln/kiln_host.c>
 
 enum { N = 64 };
@@ -510,7 +510,7 @@ static int32_t scale(int64_t begin, int64_t end, void* context) {
     wait_ms();
   }
   for (i = begin; i < end; ++i) {
-    for (r = 0; r < 4000; ++r) data[i] = data[i] * 0.5f + 1.0f; /* ~4 us */
+    for (r = 0; r < 4000; ++r) data[i] = data[i] * 0.5f + 1.0f; /* ~5 us */
   }
   return 0;
 }
@@ -570,12 +570,12 @@ int main(int argc, char** argv) {
   if (sched_setaffinity(0, sizeof chosen, &chosen) != 0 || kiln_set_num_threads(2) != 0) return 2;
   if (strcmp(argv[argc - 1], "follow") == 0) {
     slow = 1;
-    printf("%d ", run_until(1, 400)); /* goes alone */
+    printf("%d ", run_until(1, 1000)); /* goes alone */
     slow = 2;
-    printf("%d ", run_until(2, 400)); /* back to the threads */
+    printf("%d ", run_until(2, 1000)); /* back to the threads */
   } else {
     pair = cpus == 2 ? pair_over_one() : 0;
-    for (k = 0; k < 40; ++k) {
+    for (k = 0; k < 200; ++k) {
       if (KILN_PARALLEL_FOR(N, scale, NULL) != 0) return 3;
     }
     if (cpus == 2 && (pair > 1150 || pair_over_one() > 1150)) return 77;
@@ -620,12 +620,12 @@ def test_the_verdict_follows_the_loops_own_times(verdict_program: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     to_alone, to_threads, probes, shared, alone, loops, gain, switches, bad = (
         int(v) for v in proc.stdout.split())
-    assert to_alone < 400 and to_threads < 400 and switches == 2 and bad == 0, proc.stdout
+    assert to_alone < 1000 and to_threads < 1000 and switches == 2 and bad == 0, proc.stdout
     assert 1 <= shared < probes and alone > 0 and loops > 0 and gain >= 1000, proc.stdout
     proc = run_verdict(verdict_program, "one")
     assert proc.returncode == 0, proc.stderr
     probes, shared, alone, loops, gain, switches, bad = (int(v) for v in proc.stdout.split())
-    assert (probes, alone, loops, switches, bad) == (0, 40, 0, 1, 0), proc.stdout
+    assert (probes, alone, loops, switches, bad) == (0, 200, 0, 1, 0), proc.stdout
 
 
 def test_two_idle_cpus_keep_the_loops_on_the_threads(verdict_program: Path) -> None:
@@ -638,7 +638,7 @@ def test_two_idle_cpus_keep_the_loops_on_the_threads(verdict_program: Path) -> N
     assert proc.returncode == 0, proc.stderr
     probes, shared, alone, loops, gain, switches, bad = (int(v) for v in proc.stdout.split())
     assert probes >= 5 and shared < probes and switches == 0 and gain >= 1000, proc.stdout
-    assert alone == probes and loops == 40 - probes and bad == 0, proc.stdout
+    assert alone >= probes and loops == 200 - alone and bad == 0, proc.stdout
 
 
 def test_a_pinned_worker_leaves_the_cpu_its_caller_came_to(

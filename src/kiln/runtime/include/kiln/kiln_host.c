@@ -780,15 +780,17 @@ enum {
   KILN_POOL_MAX_PROBE_MS = 60000       /* KILN_PROBE_MS: 1 minute at most */
 };
 /* The loops' time between two probes at least (ms; 0: no probe, every loop on the
-   pool's threads; docs/runtime.md, "Threads"); $KILN_PROBE_MS overrides it. */
+   pool's threads; docs/runtime.md, "Threads"); $KILN_PROBE_MS overrides it. A probe
+   on the caller's side sends the workers to sleep and wakes them after (tens of
+   microseconds on a VM), so it is worth a few milliseconds of loops between two. */
 #if !defined(KILN_POOL_DEFAULT_PROBE_MS)
-#define KILN_POOL_DEFAULT_PROBE_MS 2
+#define KILN_POOL_DEFAULT_PROBE_MS 10
 #endif
-/* Loops between two probes at least: a probe costs about one loop's time on a machine
-   where the threads pay (one loop run at half speed), so 1/64 of the loops keeps it
-   near 1% (tests build with fewer). */
+/* Loops between two probes at least: a probe costs up to one loop's time where the
+   threads pay (one loop run at about half speed), so 1 in 128 keeps it below 1%
+   (tests build with fewer). */
 #if !defined(KILN_POOL_PROBE_LOOPS)
-#define KILN_POOL_PROBE_LOOPS 64
+#define KILN_POOL_PROBE_LOOPS 128
 #endif
 /* Loops measured below this many ns run on the caller: a hand-off costs more than it
    saves. The generated host file sets it to the compiler's threshold
@@ -924,9 +926,8 @@ enum {
   KILN_POOL_MIN_SAMPLES = 5,
   KILN_POOL_ALONE_BELOW = 850,
   KILN_POOL_SHARED_FROM = 1000,
-  /* Loops run alone between waking the sleeping workers and the probe that hands one
-     to them: a worker woken from sleep takes tens of microseconds to come. */
-  KILN_POOL_WARM_LOOPS = 3
+  /* The longest wait (ns) for the workers to fall asleep before a probe alone. */
+  KILN_POOL_SETTLE_NS = 200000
 };
 
 #define KILN_LOAD(x) __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
@@ -991,7 +992,6 @@ static struct {
   int64_t probe_ns;         /* the loops' time between two probes (0: never; KILN_PROBE_MS) */
   int64_t since_probe;      /* the loops' wall time since the last probe (ns) */
   int since_loops;          /* loops handed off or run alone since the last probe */
-  int prelude;              /* loops left until the next probe (0: none coming) */
   int verdict;              /* loops run on the caller alone (1) or on the threads (0) */
   int one_cpu;              /* the caller may run on one CPU only: alone, no probes */
   int alone;                /* atomic: idle workers sleep at once (the verdict is alone:
@@ -1363,7 +1363,7 @@ static void kiln_pool_resize(int want) {
   kiln_pool.verdict = kiln_pool.one_cpu;
   KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SWITCHES],
            (KILN_LOAD(kiln_pool.stats[KILN_POOL_STAT_SWITCHES]) & 1) != kiln_pool.one_cpu);
-  kiln_pool.sampled = kiln_pool.sample_next = kiln_pool.prelude = kiln_pool.since_loops = 0;
+  kiln_pool.sampled = kiln_pool.sample_next = kiln_pool.since_loops = 0;
   kiln_pool.since_probe = 0;
   KILN_STORE(kiln_pool.alone, kiln_pool.one_cpu);
   if (started > want) {
@@ -1513,22 +1513,32 @@ static int32_t kiln_pool_hand_off(int64_t n, kiln_pool_body_fn body, void* conte
   return KILN_LOAD(kiln_pool.status);
 }
 
+/* Wait until `asleep` workers sleep: all (told to by `alone`; an idle worker looks
+   every KILN_POOL_SPIN_BATCH pauses) or none (woken by an empty loop, posted and not
+   waited for). 0 if they are not so within KILN_POOL_SETTLE_NS (descheduled by other
+   jobs, or a worker on a halted CPU of a VM slow to wake). */
+static int kiln_pool_settle(int64_t asleep) {
+  int64_t start = kiln_pool_now_ns();
+  while (KILN_LOAD(kiln_pool.stats[KILN_POOL_STAT_SLEEPING]) != asleep) {
+    if (kiln_pool_now_ns() - start > KILN_POOL_SETTLE_NS) {
+      return 0;
+    }
+    KILN_PAUSE();
+  }
+  return 1;
+}
+
 /* Whether this loop is a probe: run the other way than the verdict says, so that its
    time alone and on the threads, its last run's, are both known (kiln_pool_measured).
-   One every KILN_POOL_PROBE_LOOPS loops and `probe_ns` of their time at least, after a
-   prelude that puts the workers as the probe needs them: asleep for a probe on the
-   caller alone (a worker spinning on an SMT sibling, or on the same CPU, slows the
-   caller; they go to sleep after the loop before it), awake for one on the threads
-   (where the loops run alone they sleep: they are woken by an empty loop, posted and
-   not waited for, KILN_POOL_WARM_LOOPS loops before). */
+   One every KILN_POOL_PROBE_LOOPS loops and `probe_ns` of their time at least, with
+   the workers as the probe needs them (kiln_pool_settle): all asleep for a probe on
+   the caller alone (a worker spinning on an SMT sibling, or on the same CPU, slows the
+   caller), all awake for one on the threads (where the loops run alone they sleep;
+   waking one is not what the threads cost). A probe whose workers do not settle is
+   dropped. */
 static int kiln_pool_probe_due(void) {
-  if (kiln_pool.probe_ns <= 0 || kiln_pool.one_cpu) {
-    return 0;
-  }
-  if (kiln_pool.prelude > 0) {
-    return --kiln_pool.prelude == 0;
-  }
-  if (++kiln_pool.since_loops < KILN_POOL_PROBE_LOOPS
+  if (kiln_pool.probe_ns <= 0 || kiln_pool.one_cpu
+      || ++kiln_pool.since_loops < KILN_POOL_PROBE_LOOPS
       || kiln_pool.since_probe < kiln_pool.probe_ns) {
     return 0;
   }
@@ -1536,10 +1546,14 @@ static int kiln_pool_probe_due(void) {
   kiln_pool.since_probe = 0;
   KILN_STORE(kiln_pool.alone, !kiln_pool.verdict);
   if (kiln_pool.verdict) {
-    kiln_pool_post(0, NULL, NULL); /* the woken workers spin until the probe */
-    kiln_pool.prelude = KILN_POOL_WARM_LOOPS;
-  } else {
-    kiln_pool.prelude = 1;
+    kiln_pool_post(0, NULL, NULL);
+  }
+  if (kiln_pool_settle(kiln_pool.verdict ? 0 : kiln_pool.started)) {
+    return 1;
+  }
+  KILN_STORE(kiln_pool.alone, kiln_pool.verdict);
+  if (!kiln_pool.verdict) {
+    kiln_pool_post(0, NULL, NULL); /* those asleep by now */
   }
   return 0;
 }
@@ -1613,6 +1627,9 @@ static int32_t kiln_pool_measured(int64_t n, kiln_pool_body_fn body, void* conte
                                   struct kiln_pool_cost* cost) {
   int probe = kiln_pool_probe_due();
   int here = kiln_pool.verdict != probe;
+  /* A reference for later probes only as the loops usually run: on the threads, with
+     none of them asleep (waking one is not what the threads cost). */
+  int usual = probe || here || KILN_LOAD(kiln_pool.stats[KILN_POOL_STAT_SLEEPING]) == 0;
   int64_t wall, start = kiln_pool_now_ns();
   int32_t status;
   if (here) {
@@ -1631,13 +1648,13 @@ static int32_t kiln_pool_measured(int64_t n, kiln_pool_body_fn body, void* conte
     int64_t now = kiln_pool_per_iteration(wall, n);
     kiln_pool_judge(here ? now : cost->wall, here ? cost->wall : now);
   }
-  if (probe) {
-    KILN_STORE(kiln_pool.alone, kiln_pool.verdict); /* idle workers sleep at once if alone */
+  if (probe) { /* the workers as the verdict wants them: asleep, or woken now */
+    KILN_STORE(kiln_pool.alone, kiln_pool.verdict);
     if (!kiln_pool.verdict) {
-      kiln_pool_post(0, NULL, NULL); /* wake them for the next loop */
+      kiln_pool_post(0, NULL, NULL);
     }
   }
-  if (probe || kiln_pool.prelude == 0) { /* a prelude's workers are not as usual */
+  if (usual) {
     cost->wall = kiln_pool_per_iteration(wall, n);
     cost->wall_alone = here;
   }
