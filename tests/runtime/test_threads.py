@@ -422,70 +422,7 @@ def test_the_controls_from_a_c_program(exported: Path, tmp_path: Path) -> None:
     assert lines[3] == f"y {want[0]:.9g} {want[1]:.9g}"
 
 
-SPLIT_PROGRAM = r"""
-#define KILN_HOST_PARALLEL
-#include <kiln/kiln_host.c>
-
-static int64_t chunks[1024][2];
-static int count;
-
-static int32_t record(int64_t begin, int64_t end, void* context) {
-  int k = __atomic_fetch_add(&count, 1, __ATOMIC_SEQ_CST);
-  (void)context;
-  chunks[k][0] = begin;
-  chunks[k][1] = end;
-  return 0;
-}
-
-int main(int argc, char** argv) {
-  int a, k;
-  for (a = 1; a + 1 < argc; a += 2) {
-    int64_t n = atoll(argv[a]);
-    count = 0;
-    if (kiln_set_num_threads(atoi(argv[a + 1])) != 0 || kiln_parallel_for(n, record, 0) != 0) {
-      return 2;
-    }
-    printf("%lld %s:", (long long)n, argv[a + 1]);
-    for (k = 0; k < count; ++k) {
-      printf(" %lld-%lld", (long long)chunks[k][0], (long long)chunks[k][1]);
-    }
-    printf("\n");
-  }
-  return 0;
-}
-"""
-
-
-def test_each_thread_gets_an_equal_share_of_the_iterations(tmp_path: Path) -> None:
-    """The split rule (docs/abi.md, "Parallel loops"): n iterations on T threads are T
-    contiguous shares whose sizes differ by at most one, each in at most 16 chunks that
-    stay inside it, so the threads get equal work whatever n is (chunks of ceil(n / 8)
-    dealt out whole gave 100 iterations on 2 threads as shares of 52 and 48). The
-    chunks are the same whoever runs them, so the program's record of them is exact."""
-    source = tmp_path / "split.c"
-    source.write_text(SPLIT_PROGRAM)
-    exe = tmp_path / "split"
-    subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", f"-I{include_dir()}", str(source),
-                    "-o", str(exe), "-pthread"], check=True, capture_output=True, text=True)
-    cases = [(100, 2), (9, 2), (64, 3), (3, 2), (1001, 2), (12, 2), (130, 4)]
-    env = {k: v for k, v in os.environ.items() if k not in POOL_ENV}
-    proc = subprocess.run([str(exe), *(str(v) for case in cases for v in case)],
-                          capture_output=True, text=True, timeout=TIMEOUT,
-                          env=dict(env, KILN_SERIAL_NS="0", KILN_PROBE_MS="0"))
-    assert proc.returncode == 0, proc.stderr
-    for line, (n, threads) in zip(proc.stdout.splitlines(), cases, strict=True):
-        head, _, ranges = line.partition(":")
-        assert head == f"{n} {threads}"
-        got = sorted(tuple(int(v) for v in r.split("-")) for r in ranges.split())
-        assert [b for b, _ in got] == [0] + [e for _, e in got[:-1]] and got[-1][1] == n
-        bounds = [n * t // threads for t in range(threads + 1)]  # the shares
-        for lo, hi in itertools.pairwise(bounds):
-            inside = [(b, e) for b, e in got if lo <= b < hi]
-            assert sum(e - b for b, e in inside) == hi - lo  # no chunk crosses a share
-            assert 1 <= len(inside) <= 16 or hi == lo
-
-
-VERDICT_PROGRAM = r"""
+POOL_PROGRAM = r"""
 #define _GNU_SOURCE
 #define KILN_HOST_PARALLEL
 #define KILN_POOL_PROBE_LOOPS 4 /* a probe every fourth loop at most (else 128th) */
@@ -543,6 +480,35 @@ static int64_t pair_over_one(void) {
   return 1000 * pair / alone;
 }
 
+static int64_t chunks[1024][2];
+static int count;
+
+static int32_t record(int64_t begin, int64_t end, void* context) {
+  int k = __atomic_fetch_add(&count, 1, __ATOMIC_SEQ_CST);
+  (void)context;
+  chunks[k][0] = begin;
+  chunks[k][1] = end;
+  return 0;
+}
+
+/* The chunks of a loop of n iterations on t threads, for each pair `n t` of args. */
+static int split(int argc, char** argv) {
+  int a, k;
+  for (a = 0; a + 1 < argc; a += 2) {
+    int64_t n = atoll(argv[a]);
+    count = 0;
+    if (kiln_set_num_threads(atoi(argv[a + 1])) != 0 || kiln_parallel_for(n, record, 0) != 0) {
+      return 2;
+    }
+    printf("%lld %s:", (long long)n, argv[a + 1]);
+    for (k = 0; k < count; ++k) {
+      printf(" %lld-%lld", (long long)chunks[k][0], (long long)chunks[k][1]);
+    }
+    printf("\n");
+  }
+  return 0;
+}
+
 /* Loops until the verdict has changed `switches` times in all (at most `most` loops). */
 static int run_until(int64_t switches, int most) {
   int64_t stats[KILN_POOL_STAT_COUNT];
@@ -555,12 +521,14 @@ static int run_until(int64_t switches, int most) {
   return k;
 }
 
-/* argv[1]: `one` (held to one CPU), `follow` (loops slow on the threads, then slow
-   alone) or `two` (two idle CPUs; exit 77 where they are not). Prints the counters. */
+/* argv[1]: `split` (then pairs `n threads`: the chunks), `one` (held to one CPU),
+   `follow` (loops slow on the threads, then slow alone) or `two` (two idle CPUs; exit
+   77 where they are not). Prints the counters. */
 int main(int argc, char** argv) {
   cpu_set_t allowed, chosen;
-  int64_t stats[KILN_POOL_STAT_COUNT], pair = 0;
-  int cpus = strcmp(argv[argc - 1], "one") == 0 ? 1 : 2, cpu, k, bad = 0, taken = 0;
+  int64_t stats[KILN_POOL_STAT_COUNT];
+  int cpus = strcmp(argv[1], "one") == 0 ? 1 : 2, cpu, k, bad = 0, taken = 0;
+  if (strcmp(argv[1], "split") == 0) return split(argc - 2, argv + 2);
   caller = pthread_self();
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < cpus) return 77;
   CPU_ZERO(&chosen);
@@ -568,17 +536,17 @@ int main(int argc, char** argv) {
     if (CPU_ISSET(cpu, &allowed)) CPU_SET(cpu, &chosen), ++taken;
   }
   if (sched_setaffinity(0, sizeof chosen, &chosen) != 0 || kiln_set_num_threads(2) != 0) return 2;
-  if (strcmp(argv[argc - 1], "follow") == 0) {
+  if (strcmp(argv[1], "follow") == 0) {
     slow = 1;
     printf("%d ", run_until(1, 1000)); /* goes alone */
     slow = 2;
     printf("%d ", run_until(2, 1000)); /* back to the threads */
   } else {
-    pair = cpus == 2 ? pair_over_one() : 0;
+    if (cpus == 2 && pair_over_one() > 1150) return 77;
     for (k = 0; k < 200; ++k) {
       if (KILN_PARALLEL_FOR(N, scale, NULL) != 0) return 3;
     }
-    if (cpus == 2 && (pair > 1150 || pair_over_one() > 1150)) return 77;
+    if (cpus == 2 && pair_over_one() > 1150) return 77;
   }
   for (k = 0; k < N; ++k) bad += data[k] != 2.0f; /* 1, 1.5, 1.75, ... rounds to 2 */
   kiln_pool_stats(stats, KILN_POOL_STAT_COUNT);
@@ -592,10 +560,10 @@ int main(int argc, char** argv) {
 
 
 @pytest.fixture(scope="module")
-def verdict_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """VERDICT_PROGRAM, built against kiln_host.c."""
-    source = tmp_path_factory.mktemp("verdict") / "verdict.c"
-    source.write_text(VERDICT_PROGRAM)
+def pool_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """POOL_PROGRAM, built against kiln_host.c."""
+    source = tmp_path_factory.mktemp("pool_program") / "pool.c"
+    source.write_text(POOL_PROGRAM)
     exe = source.with_suffix("")
     subprocess.run(["cc", "-std=c11", "-O2", "-Wall", "-Werror", f"-I{include_dir()}",
                     str(source), "-o", str(exe), "-pthread"],
@@ -603,18 +571,41 @@ def verdict_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
-def run_verdict(exe: Path, mode: str) -> subprocess.CompletedProcess[str]:
+def run_pool_program(exe: Path, *args: str, probe_ms: str = "1"
+                     ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in POOL_ENV}
-    return subprocess.run([str(exe), mode], capture_output=True, text=True, timeout=TIMEOUT,
-                          env=dict(env, KILN_SERIAL_NS="0", KILN_PROBE_MS="1"))
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=TIMEOUT,
+                          env=dict(env, KILN_SERIAL_NS="0", KILN_PROBE_MS=probe_ms))
 
 
-def test_the_verdict_follows_the_loops_own_times(verdict_program: Path) -> None:
+def test_each_thread_gets_an_equal_share_of_the_iterations(pool_program: Path) -> None:
+    """The split rule (docs/abi.md, "Parallel loops"): n iterations on T threads are T
+    contiguous shares whose sizes differ by at most one, each in at most 16 chunks that
+    stay inside it, so the threads get equal work whatever n is (chunks of ceil(n / 8)
+    dealt out whole gave 100 iterations on 2 threads as shares of 52 and 48). The
+    chunks are the same whoever runs them, so the program's record of them is exact."""
+    cases = [(100, 2), (9, 2), (64, 3), (3, 2), (1001, 2), (12, 2), (130, 4)]
+    proc = run_pool_program(pool_program, "split", *(str(v) for case in cases for v in case),
+                            probe_ms="0")
+    assert proc.returncode == 0, proc.stderr
+    for line, (n, threads) in zip(proc.stdout.splitlines(), cases, strict=True):
+        head, _, ranges = line.partition(":")
+        assert head == f"{n} {threads}"
+        got = sorted(tuple(int(v) for v in r.split("-")) for r in ranges.split())
+        assert [b for b, _ in got] == [0] + [e for _, e in got[:-1]] and got[-1][1] == n
+        bounds = [n * t // threads for t in range(threads + 1)]  # the shares
+        for lo, hi in itertools.pairwise(bounds):
+            inside = [(b, e) for b, e in got if lo <= b < hi]
+            assert sum(e - b for b, e in inside) == hi - lo  # no chunk crosses a share
+            assert 1 <= len(inside) <= 16 or hi == lo
+
+
+def test_the_verdict_follows_the_loops_own_times(pool_program: Path) -> None:
     """The pool's verdict (docs/abi.md, "Parallel loops"), from the loops' own times:
     a loop whose chunks wait 1 ms on a worker runs alone once a few probes timed it
     alone (results exact either way); made slow alone instead, it goes back to the
     threads. A process held to one CPU runs every loop on the caller, no probe needed."""
-    proc = run_verdict(verdict_program, "follow")
+    proc = run_pool_program(pool_program, "follow")
     if proc.returncode == 77:
         pytest.skip("fewer than two CPUs")
     assert proc.returncode == 0, proc.stderr
@@ -622,17 +613,17 @@ def test_the_verdict_follows_the_loops_own_times(verdict_program: Path) -> None:
         int(v) for v in proc.stdout.split())
     assert to_alone < 1000 and to_threads < 1000 and switches == 2 and bad == 0, proc.stdout
     assert 1 <= shared < probes and alone > 0 and loops > 0 and gain >= 1000, proc.stdout
-    proc = run_verdict(verdict_program, "one")
+    proc = run_pool_program(pool_program, "one")
     assert proc.returncode == 0, proc.stderr
     probes, shared, alone, loops, gain, switches, bad = (int(v) for v in proc.stdout.split())
     assert (probes, alone, loops, switches, bad) == (0, 200, 0, 1, 0), proc.stdout
 
 
-def test_two_idle_cpus_keep_the_loops_on_the_threads(verdict_program: Path) -> None:
+def test_two_idle_cpus_keep_the_loops_on_the_threads(pool_program: Path) -> None:
     """On two CPUs that run two threads at once as fast as one (checked before and
     after; skipped where they do not: a loaded host, or two vCPUs on one core), the
     probes find the loops faster on the threads and the verdict never changes."""
-    proc = run_verdict(verdict_program, "two")
+    proc = run_pool_program(pool_program, "two")
     if proc.returncode == 77:
         pytest.skip("no two idle CPUs of their own here")
     assert proc.returncode == 0, proc.stderr

@@ -68,7 +68,7 @@ class PoolStats(NamedTuple):
     # against its last run the verdict's way), those that ran faster on the caller alone,
     # the loops run on the caller alone (by the verdict, or as probes), the typical
     # recent probe's time alone over its time on the threads in thousandths (about
-    # 1700-1900 for two threads on two cores, below 850: the loops go alone) and the
+    # 1500-2000 for two threads on two cores, below 850: the loops go alone) and the
     # times the verdict changed (odd: the loops run on the caller alone now).
     probes: int
     shared: int

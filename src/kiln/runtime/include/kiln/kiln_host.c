@@ -792,6 +792,11 @@ enum {
 #if !defined(KILN_POOL_PROBE_LOOPS)
 #define KILN_POOL_PROBE_LOOPS 128
 #endif
+/* The longest wait (ns) for the workers to fall asleep, or wake, for a probe (tests
+   under a sanitizer, where everything is slower, build with more). */
+#if !defined(KILN_POOL_SETTLE_NS)
+#define KILN_POOL_SETTLE_NS 200000
+#endif
 /* Loops measured below this many ns run on the caller: a hand-off costs more than it
    saves. The generated host file sets it to the compiler's threshold
    (kiln.kernels.parallel_work.PARALLEL_MIN_NS); $KILN_SERIAL_NS overrides it. */
@@ -820,7 +825,7 @@ enum {
   KILN_POOL_STAT_ALONE,    /* loops run on the caller alone: by the verdict, or as a probe */
   KILN_POOL_STAT_GAIN,     /* the verdict's figure: the typical recent probe's time
                               on the caller alone over the time on the threads, in
-                              thousandths (about 1700-1900 for two threads on two cores,
+                              thousandths (about 1500-2000 for two threads on two cores,
                               below 1000 where they share one) */
   KILN_POOL_STAT_SWITCHES, /* times the verdict changed (odd: the loops run alone now) */
   KILN_POOL_STAT_COUNT
@@ -925,9 +930,7 @@ enum {
   KILN_POOL_SAMPLES = 15,
   KILN_POOL_MIN_SAMPLES = 5,
   KILN_POOL_ALONE_BELOW = 850,
-  KILN_POOL_SHARED_FROM = 1000,
-  /* The longest wait (ns) for the workers to fall asleep before a probe alone. */
-  KILN_POOL_SETTLE_NS = 200000
+  KILN_POOL_SHARED_FROM = 1000
 };
 
 #define KILN_LOAD(x) __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
@@ -1014,8 +1017,8 @@ static struct {
     char pad[KILN_POOL_LINE - 2 * sizeof(int64_t)];
   } share[KILN_POOL_MAX_THREADS] __attribute__((aligned(KILN_POOL_LINE)));
   /* The last measured work per iteration of recent loops (in ns / 256), by body, and
-     the wall time per iteration of its last run, alone or on the threads (the probes'
-     reference, kiln_pool_measured). */
+     the wall time per iteration of its last usual run, alone or on the threads (the
+     probes' reference, kiln_pool_measured). */
   struct kiln_pool_cost {
     kiln_pool_body_fn body;
     int64_t per_iteration;
@@ -1421,7 +1424,8 @@ static void kiln_pool_wait_workers(void) {
 
 /* The remembered cost of `body` (the caller holds `busy`). */
 static struct kiln_pool_cost* kiln_pool_cost(kiln_pool_body_fn body) {
-  struct kiln_pool_cost* cost = &kiln_pool.costs[((size_t)(uintptr_t)body >> 4) % KILN_POOL_COSTS];
+  size_t slot = ((size_t)(uintptr_t)body >> 4) % KILN_POOL_COSTS;
+  struct kiln_pool_cost* cost = &kiln_pool.costs[slot];
   if (cost->body != body) {
     cost->body = body;
     cost->per_iteration = -1; /* not measured yet */
@@ -1572,10 +1576,10 @@ static int64_t kiln_pool_exp2(int64_t y) {
 }
 
 /* The verdict's figure: the geometric mean of the recent probes' gains, leaving out
-   the sixth highest and lowest (a loop held up by another job, on either side). Not a
-   median: where the threads take turns on one CPU most loops run as fast as alone
-   and one in four waits a time slice (milliseconds) for a descheduled thread, which
-   a median leaves out and the mean of the logarithms keeps (docs/performance.md,
+   the highest and the lowest sixth (a loop held up by another job, on either side).
+   Not a median: where the threads take turns on one CPU most loops run as fast as
+   alone and one in four waits a time slice (milliseconds) for a descheduled thread,
+   which a median leaves out and the mean of the logarithms keeps (docs/performance.md,
    "Two threads on one core"). */
 static int64_t kiln_pool_typical_gain(void) {
   int64_t sorted[KILN_POOL_SAMPLES], g, sum = 0;
