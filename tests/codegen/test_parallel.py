@@ -653,6 +653,7 @@ TSAN_DRIVER = r"""
 int32_t kiln_nested(const KilnValue*, const int32_t*, int32_t);
 int32_t kiln_workspaces(const KilnValue*, const int32_t*, int32_t);
 int32_t kiln_oom(const KilnValue*, const int32_t*, int32_t);
+int32_t kiln__pool_stats(int64_t*, int32_t);
 static int failures;
 static void* run(void* arg) {
   static float x[3][NROWS * NCOLS], y[3][NROWS * NCOLS], z[3][NROWS * NCOLS];
@@ -678,16 +679,19 @@ int main(void) {
   pthread_t t[3];
   int ids[3] = {0, 1, 2}, i;
   for (i = 0; i < 3; ++i) pthread_create(&t[i], NULL, run, &ids[i]);
+  int64_t stats[17];
   for (i = 0; i < 3; ++i) pthread_join(t[i], NULL);
-  printf("failures %d\n", failures);
+  /* [16]: loops run on the caller alone, as probes or by the verdict (docs/abi.md) */
+  printf("failures %d probed %d\n", failures, kiln__pool_stats(stats, 17) == 17 && stats[16] > 0);
   return 0;
 }
 """
 
 
 def test_thread_pool_under_thread_sanitizer(tmp_path: Path) -> None:
-    """Three application threads run nested and failing parallel kernels at once;
-    ThreadSanitizer must see no data race in the pool or the generated code."""
+    """Three application threads run nested and failing parallel kernels at once, the
+    pool probing whether its threads pay every other loop (docs/abi.md, "Parallel
+    loops"); ThreadSanitizer must see no data race in the pool or the generated code."""
     from c_helpers import consts_c
 
     mod = outlined_feature_module()
@@ -705,13 +709,15 @@ def test_thread_pool_under_thread_sanitizer(tmp_path: Path) -> None:
     driver.write_text(TSAN_DRIVER.replace("NROWS", str(N)).replace("NCOLS", str(M)))
     exe = tmp_path / "driver"
     proc = subprocess.run(["cc", "-fsanitize=thread", "-g", "-O1", "-std=c11", "-fwrapv",
+                           "-DKILN_POOL_PROBE_LOOPS=2", "-DKILN_POOL_SETTLE_NS=50000000",
                            f"-I{include_dir()}", str(driver), *sources, "-o", str(exe),
                            "-pthread", "-lm"], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         pytest.skip(f"no ThreadSanitizer here: {proc.stderr.strip()[:200]}")
     for threads in (2, 4):
-        env = dict(fresh_env(threads), TSAN_OPTIONS="allocator_may_return_null=1 exitcode=66")
+        env = dict(fresh_env(threads), TSAN_OPTIONS="allocator_may_return_null=1 exitcode=66",
+                   KILN_SERIAL_NS="0", KILN_PROBE_MS="1")
         out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=TIMEOUT,
                              env=env)
         assert out.returncode == 0 and "WARNING" not in out.stderr, out.stderr[-3000:]
-        assert out.stdout.strip() == "failures 0"
+        assert out.stdout.strip() == "failures 0 probed 1"

@@ -63,16 +63,18 @@ class PoolStats(NamedTuple):
     # it had been descheduled while it spun: other threads want the CPUs (docs/abi.md,
     # "Parallel loops").
     preempted: int
-    # The probe (every $KILN_PROBE_MS, docs/abi.md "Parallel loops"): times it measured
-    # whether the threads run loops faster than the caller alone, those that found they
-    # do not (they share a core), the loops run on the caller alone since, and the last
-    # probe's gain in thousandths (about 1000 x threads on as many cores, 1000 on one)
-    # and its unit of work's time on the caller alone (ns).
+    # The verdict from the model's own loops (docs/abi.md "Parallel loops"; off with
+    # $KILN_PROBE_MS=0): probes (loops run the other way than the verdict's, each timed
+    # against its last run the verdict's way), those that ran faster on the caller alone,
+    # the loops run on the caller alone (by the verdict, or as probes), the typical
+    # recent probe's time alone over its time on the threads in thousandths (about
+    # 1500-2000 for two threads on two cores, below 850: the loops go alone) and the
+    # times the verdict changed (odd: the loops run on the caller alone now).
     probes: int
     shared: int
     alone: int
     gain: int
-    unit_ns: int
+    switches: int
 
 
 class PoolControls:

@@ -777,9 +777,26 @@ enum {
   KILN_POOL_MAX_THREADS = 256,
   KILN_POOL_MAX_SPIN_US = 10000000,    /* 10 s */
   KILN_POOL_DEFAULT_SPIN_US = 20000,   /* 20 ms: a server's or camera's next call */
-  KILN_POOL_MAX_PROBE_MS = 60000,      /* KILN_PROBE_MS: 1 minute at most */
-  KILN_POOL_DEFAULT_PROBE_MS = 0       /* off unless asked (docs/runtime.md, "Threads") */
+  KILN_POOL_MAX_PROBE_MS = 60000       /* KILN_PROBE_MS: 1 minute at most */
 };
+/* The loops' time between two probes at least (ms; 0: no probe, every loop on the
+   pool's threads; docs/runtime.md, "Threads"); $KILN_PROBE_MS overrides it. A probe
+   on the caller's side sends the workers to sleep and wakes them after (tens of
+   microseconds on a VM), so it is worth a few milliseconds of loops between two. */
+#if !defined(KILN_POOL_DEFAULT_PROBE_MS)
+#define KILN_POOL_DEFAULT_PROBE_MS 10
+#endif
+/* Loops between two probes at least: a probe costs up to one loop's time where the
+   threads pay (one loop run at about half speed), so 1 in 128 keeps it below 1%
+   (tests build with fewer). */
+#if !defined(KILN_POOL_PROBE_LOOPS)
+#define KILN_POOL_PROBE_LOOPS 128
+#endif
+/* The longest wait (ns) for the workers to fall asleep, or wake, for a probe (tests
+   under a sanitizer, where everything is slower, build with more). */
+#if !defined(KILN_POOL_SETTLE_NS)
+#define KILN_POOL_SETTLE_NS 200000
+#endif
 /* Loops measured below this many ns run on the caller: a hand-off costs more than it
    saves. The generated host file sets it to the compiler's threshold
    (kiln.kernels.parallel_work.PARALLEL_MIN_NS); $KILN_SERIAL_NS overrides it. */
@@ -803,13 +820,14 @@ enum {
   KILN_POOL_STAT_SPAN_NS,  /* wall time of handed-off loops, from posting to return */
   KILN_POOL_STAT_PREEMPTED, /* ... of the sleeps, those before the spin window's end: the
                                worker was descheduled while it spun */
-  KILN_POOL_STAT_PROBES,   /* times the pool measured whether its threads pay (KILN_PROBE_MS) */
-  KILN_POOL_STAT_SHARED,   /* ... of them, those that found no gain: the threads share a core */
-  KILN_POOL_STAT_ALONE,    /* loops run on the caller alone because of such a finding */
-  KILN_POOL_STAT_GAIN,     /* the last probe's gain, in thousandths: the threads' work per
-                              unit of time over the caller's alone (about 1000 x threads on
-                              as many cores, about 1000 where they share one) */
-  KILN_POOL_STAT_UNIT_NS,  /* the last probe's unit of work on the caller alone (ns) */
+  KILN_POOL_STAT_PROBES,   /* loops run the other way than the verdict's, to time both ways */
+  KILN_POOL_STAT_SHARED,   /* ... of them, those that ran faster on the caller alone */
+  KILN_POOL_STAT_ALONE,    /* loops run on the caller alone: by the verdict, or as a probe */
+  KILN_POOL_STAT_GAIN,     /* the verdict's figure: the typical recent probe's time
+                              on the caller alone over the time on the threads, in
+                              thousandths (about 1500-2000 for two threads on two cores,
+                              below 1000 where they share one) */
+  KILN_POOL_STAT_SWITCHES, /* times the verdict changed (odd: the loops run alone now) */
   KILN_POOL_STAT_COUNT
 };
 
@@ -904,8 +922,15 @@ enum {
   KILN_POOL_LOADED_NS = 1000000000,
   KILN_POOL_LOADED_SPIN_NS = 200000,
   KILN_POOL_COSTS = 64,         /* loops whose cost the pool remembers */
-  KILN_POOL_PROBE_ROUNDS = 8192, /* the probe's unit: about 12 us (SSE2, Zen 5 at 4 GHz) */
-  KILN_POOL_LINE = 64           /* bytes of a cache line: one thread's chunk counter each */
+  KILN_POOL_LINE = 64,          /* bytes of a cache line: one thread's chunk counter each */
+  /* The verdict (kiln_pool_judge): the typical gain of the last KILN_POOL_SAMPLES
+     probes, once there are KILN_POOL_MIN_SAMPLES; the loops go to the caller alone
+     below KILN_POOL_ALONE_BELOW (alone clearly faster: 0.85x the threads' time) and
+     back to the threads from KILN_POOL_SHARED_FROM. */
+  KILN_POOL_SAMPLES = 15,
+  KILN_POOL_MIN_SAMPLES = 5,
+  KILN_POOL_ALONE_BELOW = 850,
+  KILN_POOL_SHARED_FROM = 1000
 };
 
 #define KILN_LOAD(x) __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
@@ -969,9 +994,14 @@ static struct {
   int64_t loaded_until;     /* atomic: until then (ns) workers spin KILN_POOL_LOADED_SPIN_NS */
   int64_t probe_ns;         /* the loops' time between two probes (0: never; KILN_PROBE_MS) */
   int64_t since_probe;      /* the loops' wall time since the last probe (ns) */
-  int alone;                /* atomic: the last probe found no gain: loops run on the caller,
-                               and idle workers sleep at once (no spinning beside it) */
-  int counted;              /* the posted loop goes to the counters (not a probe's) */
+  int since_loops;          /* loops handed off or run alone since the last probe */
+  int verdict;              /* loops run on the caller alone (1) or on the threads (0) */
+  int one_cpu;              /* the caller may run on one CPU only: alone, no probes */
+  int alone;                /* atomic: idle workers sleep at once (the verdict is alone:
+                               a spinning sibling would take a share of the core) */
+  int64_t samples[KILN_POOL_SAMPLES]; /* the recent probes' gains (kiln_pool_judge) */
+  int sampled;              /* how many of them there are, up to KILN_POOL_SAMPLES */
+  int sample_next;          /* where the next one goes */
   int64_t work_ns;          /* atomic: time the threads spent in chunks of this loop */
   int64_t stats[KILN_POOL_STAT_COUNT]; /* atomic: the counters of KILN_POOL_STATS */
   kiln_pool_body_fn body;            /* the posted loop: written before `generation` */
@@ -986,10 +1016,14 @@ static struct {
     int64_t end;
     char pad[KILN_POOL_LINE - 2 * sizeof(int64_t)];
   } share[KILN_POOL_MAX_THREADS] __attribute__((aligned(KILN_POOL_LINE)));
-  /* The last measured work per iteration of recent loops (in ns / 256), by body. */
-  struct {
+  /* The last measured work per iteration of recent loops (in ns / 256), by body, and
+     the wall time per iteration of its last usual run, alone or on the threads (the
+     probes' reference, kiln_pool_measured). */
+  struct kiln_pool_cost {
     kiln_pool_body_fn body;
     int64_t per_iteration;
+    int64_t wall;           /* -1: not run since it took this slot */
+    int wall_alone;
   } costs[KILN_POOL_COSTS];
 } kiln_pool;
 static pthread_once_t kiln_pool_once = PTHREAD_ONCE_INIT;
@@ -1113,9 +1147,6 @@ static void kiln_pool_run_chunks(int self) {
   if (start >= 0) {
     int64_t spent = kiln_pool_now_ns() - start;
     KILN_ADD(kiln_pool.work_ns, spent);
-    if (!kiln_pool.counted) {
-      return;
-    }
     KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_WORK_NS], spent);
     KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_CHUNKS], ran);
     KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_STOLEN], stolen);
@@ -1328,8 +1359,16 @@ static void* kiln_pool_worker(void* arg) {
    with fewer. */
 static void kiln_pool_resize(int want) {
   int i, started = kiln_pool.started;
-  KILN_STORE(kiln_pool.alone, 0); /* another thread count: probe it at the next loop */
-  kiln_pool.since_probe = kiln_pool.probe_ns;
+  /* Another thread count: the verdict starts again from the threads, or stays with
+     the caller for good where the caller may run on one CPU only (its threads could
+     only take turns: no probe needed). */
+  kiln_pool.one_cpu = kiln_pool.probe_ns > 0 && kiln_pool_allowed_cpus() == 1;
+  kiln_pool.verdict = kiln_pool.one_cpu;
+  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SWITCHES],
+           (KILN_LOAD(kiln_pool.stats[KILN_POOL_STAT_SWITCHES]) & 1) != kiln_pool.one_cpu);
+  kiln_pool.sampled = kiln_pool.sample_next = kiln_pool.since_loops = 0;
+  kiln_pool.since_probe = 0;
+  KILN_STORE(kiln_pool.alone, kiln_pool.one_cpu);
   if (started > want) {
     pthread_mutex_lock(&kiln_pool.lock);
     KILN_STORE(kiln_pool.keep, want);
@@ -1384,13 +1423,15 @@ static void kiln_pool_wait_workers(void) {
 }
 
 /* The remembered cost of `body` (the caller holds `busy`). */
-static int64_t* kiln_pool_cost(kiln_pool_body_fn body) {
+static struct kiln_pool_cost* kiln_pool_cost(kiln_pool_body_fn body) {
   size_t slot = ((size_t)(uintptr_t)body >> 4) % KILN_POOL_COSTS;
-  if (kiln_pool.costs[slot].body != body) {
-    kiln_pool.costs[slot].body = body;
-    kiln_pool.costs[slot].per_iteration = -1; /* not measured yet */
+  struct kiln_pool_cost* cost = &kiln_pool.costs[slot];
+  if (cost->body != body) {
+    cost->body = body;
+    cost->per_iteration = -1; /* not measured yet */
+    cost->wall = -1;
   }
-  return &kiln_pool.costs[slot].per_iteration;
+  return cost;
 }
 
 /* Work measured over n iterations, per iteration in ns / 256 (integer arithmetic). */
@@ -1443,17 +1484,13 @@ static void kiln_pool_release(void) {
   pthread_mutex_unlock(&kiln_pool.lock);
 }
 
-/* Post a loop to the pool, run chunks of it on the caller and wait for the workers
-   still in it (the caller holds `busy` and there are workers); `*span` is its wall
-   time. A loop not `counted` (the probe's) is left out of the counters. */
-static int32_t kiln_pool_hand_off(int64_t n, kiln_pool_body_fn body, void* context,
-                                  int counted, int64_t* span) {
-  int64_t posted = kiln_pool_now_ns();
+/* Post a loop to the pool (the caller holds `busy` and there are workers): the workers
+   start taking its chunks. */
+static void kiln_pool_post(int64_t n, kiln_pool_body_fn body, void* context) {
   KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* odd: being posted */
   kiln_pool_wait_workers(); /* a late worker may still be looking at the previous loop */
   kiln_pool.body = body;
   kiln_pool.context = context;
-  kiln_pool.counted = counted;
   kiln_pool_split(n, kiln_pool.started + 1);
   KILN_STORE(kiln_pool.post_cpu, kiln_pool_current_cpu());
   KILN_STORE(kiln_pool.status, 0);
@@ -1464,6 +1501,14 @@ static int32_t kiln_pool_hand_off(int64_t n, kiln_pool_body_fn body, void* conte
     pthread_cond_broadcast(&kiln_pool.wake); /* spinning workers see the generation */
   }
   pthread_mutex_unlock(&kiln_pool.lock);
+}
+
+/* Post a loop, run chunks of it on the caller and wait for the workers still in it;
+   `*span` is its wall time. */
+static int32_t kiln_pool_hand_off(int64_t n, kiln_pool_body_fn body, void* context,
+                                  int64_t* span) {
+  int64_t posted = kiln_pool_now_ns();
+  kiln_pool_post(n, body, context);
   kiln_pool_in_parallel = 1;
   kiln_pool_run_chunks(0);
   kiln_pool_in_parallel = 0;
@@ -1472,70 +1517,157 @@ static int32_t kiln_pool_hand_off(int64_t n, kiln_pool_body_fn body, void* conte
   return KILN_LOAD(kiln_pool.status);
 }
 
-/* The probe's unit of work: multiplies and adds on twelve independent vectors, as many
-   as the core's floating-point units can take each cycle (in registers on SSE2: no
-   memory traffic), so the core's throughput bounds it as it does the kernels: two
-   threads on two cores each run a unit in the time of one; two threads that share a
-   core's units (SMT siblings, or a hypervisor's vCPUs on one core) take about twice. */
-typedef float kiln_pool_lanes __attribute__((vector_size(16)));
-
-#define KILN_POOL_PROBE_STEP(a) (a) = (a) * scale + step
-static int32_t kiln_pool_probe_body(int64_t begin, int64_t end, void* context) {
-  const kiln_pool_lanes scale = {0.999f, 0.999f, 0.999f, 0.999f};
-  const kiln_pool_lanes step = {0.001f, 0.002f, 0.003f, 0.004f};
-  kiln_pool_lanes a0 = step, a1 = a0 + step, a2 = a1 + step, a3 = a2 + step;
-  kiln_pool_lanes a4 = a3 + step, a5 = a4 + step, a6 = a5 + step, a7 = a6 + step;
-  kiln_pool_lanes a8 = a7 + step, a9 = a8 + step, a10 = a9 + step, a11 = a10 + step;
-  int64_t i;
-  int r;
-  (void)context;
-  for (i = begin; i < end; ++i) {
-    for (r = 0; r < KILN_POOL_PROBE_ROUNDS; ++r) { /* each converges to step / 0.001 */
-      KILN_POOL_PROBE_STEP(a0), KILN_POOL_PROBE_STEP(a1), KILN_POOL_PROBE_STEP(a2);
-      KILN_POOL_PROBE_STEP(a3), KILN_POOL_PROBE_STEP(a4), KILN_POOL_PROBE_STEP(a5);
-      KILN_POOL_PROBE_STEP(a6), KILN_POOL_PROBE_STEP(a7), KILN_POOL_PROBE_STEP(a8);
-      KILN_POOL_PROBE_STEP(a9), KILN_POOL_PROBE_STEP(a10), KILN_POOL_PROBE_STEP(a11);
+/* Wait until `asleep` workers sleep: all (told to by `alone`; an idle worker looks
+   every KILN_POOL_SPIN_BATCH pauses) or none (woken by an empty loop, posted and not
+   waited for). 0 if they are not so within KILN_POOL_SETTLE_NS (descheduled by other
+   jobs, or a worker on a halted CPU of a VM slow to wake). */
+static int kiln_pool_settle(int64_t asleep) {
+  int64_t start = kiln_pool_now_ns();
+  while (KILN_LOAD(kiln_pool.stats[KILN_POOL_STAT_SLEEPING]) != asleep) {
+    if (kiln_pool_now_ns() - start > KILN_POOL_SETTLE_NS) {
+      return 0;
     }
+    KILN_PAUSE();
   }
-  /* The sums are positive, so this is 0; the compiler cannot know that without
-     computing them (and no shared variable is written: the threads run it at once). */
-  return (a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11)[0] < 0.0f;
+  return 1;
 }
-#undef KILN_POOL_PROBE_STEP
 
-/* Whether the pool's threads run loops faster than the caller alone: one unit of the
-   probe on the caller alone against one unit on each thread at once (the workers
-   woken first by a unit each, so no wake-up is timed; the better of two tries each). Paid
-   if the threads did at least 4/3 of the caller's work per unit of time. Where the
-   threads share one core (SMT siblings, or vCPUs a hypervisor placed on one), a
-   two-thread loop ran 1.2-1.7x slower than on the caller alone (docs/performance.md,
-   "Two threads on one core"); there the loops run on the caller until the next probe. */
-static int kiln_pool_threads_pay(void) {
-  int64_t threads = kiln_pool.started + 1, alone = INT64_MAX, together = INT64_MAX, span, start;
-  int i;
-  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_PROBES], 1);
-  kiln_pool_hand_off(threads, kiln_pool_probe_body, NULL, 0, &span);
-  for (i = 0; i < 2; ++i) {
-    start = kiln_pool_now_ns();
-    if (kiln_pool_probe_body(0, 1, NULL) != 0) { /* never: but a call whose result went */
-      return 1;                                  /* unused would be left out */
-    }
-    span = kiln_pool_now_ns() - start;
-    alone = span < alone ? span : alone;
-    kiln_pool_hand_off(threads, kiln_pool_probe_body, NULL, 0, &span);
-    together = span < together ? span : together;
+/* Whether this loop is a probe: run the other way than the verdict says, so that its
+   time alone and on the threads, its last run's, are both known (kiln_pool_measured).
+   One every KILN_POOL_PROBE_LOOPS loops and `probe_ns` of their time at least, with
+   the workers as the probe needs them (kiln_pool_settle): all asleep for a probe on
+   the caller alone (a worker spinning on an SMT sibling, or on the same CPU, slows the
+   caller), all awake for one on the threads (where the loops run alone they sleep;
+   waking one is not what the threads cost). A probe whose workers do not settle is
+   dropped. */
+static int kiln_pool_probe_due(void) {
+  if (kiln_pool.probe_ns <= 0 || kiln_pool.one_cpu
+      || ++kiln_pool.since_loops < KILN_POOL_PROBE_LOOPS
+      || kiln_pool.since_probe < kiln_pool.probe_ns) {
+    return 0;
   }
-  KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_GAIN], 1000 * threads * alone / together);
-  KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_UNIT_NS], alone);
-  if (3 * threads * alone >= 4 * together) {
+  kiln_pool.since_loops = 0;
+  kiln_pool.since_probe = 0;
+  KILN_STORE(kiln_pool.alone, !kiln_pool.verdict);
+  if (kiln_pool.verdict) {
+    kiln_pool_post(0, NULL, NULL);
+  }
+  if (kiln_pool_settle(kiln_pool.verdict ? 0 : kiln_pool.started)) {
     return 1;
   }
-  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SHARED], 1);
+  KILN_STORE(kiln_pool.alone, kiln_pool.verdict);
+  if (!kiln_pool.verdict) {
+    kiln_pool_post(0, NULL, NULL); /* those asleep by now */
+  }
   return 0;
 }
 
+/* log2(x) in 1/1024ths for x >= 1, and its inverse: exact at powers of two, linear
+   between (within 0.09, about 6%: the verdict's thresholds are 15% apart). */
+static int64_t kiln_pool_log2(int64_t x) {
+  int top = 63 - __builtin_clzll((unsigned long long)x);
+  int64_t below = x - ((int64_t)1 << top);
+  return (int64_t)top * 1024 + (top > 10 ? below >> (top - 10) : below << (10 - top));
+}
+
+static int64_t kiln_pool_exp2(int64_t y) {
+  int64_t top = y / 1024, frac = y % 1024;
+  return top > 10 ? (1024 + frac) << (top - 10) : (1024 + frac) >> (10 - top);
+}
+
+/* The verdict's figure: the geometric mean of the recent probes' gains, leaving out
+   the highest and the lowest sixth (a loop held up by another job, on either side).
+   Not a median: where the threads take turns on one CPU most loops run as fast as
+   alone and one in four waits a time slice (milliseconds) for a descheduled thread,
+   which a median leaves out and the mean of the logarithms keeps (docs/performance.md,
+   "Two threads on one core"). */
+static int64_t kiln_pool_typical_gain(void) {
+  int64_t sorted[KILN_POOL_SAMPLES], g, sum = 0;
+  int n = kiln_pool.sampled, trim = n / 6, i, j;
+  for (i = 0; i < n; ++i) { /* insertion sort: 15 at most */
+    g = kiln_pool_log2(kiln_pool.samples[i]);
+    for (j = i; j > 0 && sorted[j - 1] > g; --j) {
+      sorted[j] = sorted[j - 1];
+    }
+    sorted[j] = g;
+  }
+  for (i = trim; i < n - trim; ++i) {
+    sum += sorted[i];
+  }
+  return kiln_pool_exp2(sum / (n - 2 * trim));
+}
+
+/* One probe's finding: a loop took `alone` on the caller alone and `shared` on the
+   threads (ns / 256 per iteration; one of them in the probe, the other in its last
+   run the verdict's way). The verdict follows the recent probes
+   (kiln_pool_typical_gain). Why not a unit of synthetic work: a 12 us unit
+   misjudged where other runtimes' pools shared the process (docs/performance.md,
+   "Two threads on one core"); the model's own loops are what the verdict is about. */
+static void kiln_pool_judge(int64_t alone, int64_t shared) {
+  double ratio = shared > 0 ? 1000.0 * (double)alone / (double)shared : 1e9;
+  int64_t gain = ratio < 1.0 ? 1 : ratio < 1e9 ? (int64_t)ratio : 1000000000;
+  int want;
+  kiln_pool.samples[kiln_pool.sample_next] = gain;
+  kiln_pool.sample_next = (kiln_pool.sample_next + 1) % KILN_POOL_SAMPLES;
+  kiln_pool.sampled += kiln_pool.sampled < KILN_POOL_SAMPLES;
+  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_PROBES], 1);
+  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SHARED], gain < KILN_POOL_ALONE_BELOW);
+  gain = kiln_pool_typical_gain();
+  KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_GAIN], gain);
+  if (kiln_pool.sampled >= KILN_POOL_MIN_SAMPLES) {
+    want = gain < (kiln_pool.verdict ? KILN_POOL_SHARED_FROM : KILN_POOL_ALONE_BELOW);
+    if (want != kiln_pool.verdict) {
+      kiln_pool.verdict = want;
+      KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SWITCHES], 1);
+    }
+  }
+}
+
+/* Run a loop the pool takes: on the threads, or on the caller alone where the verdict
+   (or a probe) says so, timed either way; a probe whose body last ran the other way
+   adds its finding to the verdict. Results are the same either way (an iteration
+   computes what it computes serially). */
+static int32_t kiln_pool_measured(int64_t n, kiln_pool_body_fn body, void* context,
+                                  struct kiln_pool_cost* cost) {
+  int probe = kiln_pool_probe_due();
+  int here = kiln_pool.verdict != probe;
+  /* A reference for later probes only as the loops usually run: on the threads, with
+     none of them asleep (waking one is not what the threads cost). */
+  int usual = probe || here || KILN_LOAD(kiln_pool.stats[KILN_POOL_STAT_SLEEPING]) == 0;
+  int64_t wall, start = kiln_pool_now_ns();
+  int32_t status;
+  if (here) {
+    kiln_pool_in_parallel = 1;
+    status = body(0, n, context);
+    kiln_pool_in_parallel = 0;
+    wall = kiln_pool_now_ns() - start;
+    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_ALONE], 1);
+  } else {
+    status = kiln_pool_hand_off(n, body, context, &wall);
+    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_LOOPS], 1);
+    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SPAN_NS], wall);
+    cost->per_iteration = kiln_pool_per_iteration(KILN_LOAD(kiln_pool.work_ns), n);
+  }
+  if (probe && cost->wall >= 0 && cost->wall_alone != here) {
+    int64_t now = kiln_pool_per_iteration(wall, n);
+    kiln_pool_judge(here ? now : cost->wall, here ? cost->wall : now);
+  }
+  if (probe) { /* the workers as the verdict wants them: asleep, or woken now */
+    KILN_STORE(kiln_pool.alone, kiln_pool.verdict);
+    if (!kiln_pool.verdict) {
+      kiln_pool_post(0, NULL, NULL);
+    }
+  }
+  if (usual) {
+    cost->wall = kiln_pool_per_iteration(wall, n);
+    cost->wall_alone = here;
+  }
+  kiln_pool.since_probe += wall;
+  return status;
+}
+
 KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* context) {
-  int64_t *cost, span;
+  struct kiln_pool_cost* cost;
   int32_t status;
   int want;
   if (n <= 0) {
@@ -1570,33 +1702,11 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
   }
   cost = kiln_pool_cost(body);
   /* Measured work below serial_ns: n * cost / 256 < serial_ns, without overflow. */
-  if (*cost >= 0 && *cost < kiln_pool.serial_ns * 256 / n) {
-    status = kiln_pool_run_here(n, body, context, cost);
-    kiln_pool_release();
-    return status;
+  if (cost->per_iteration >= 0 && cost->per_iteration < kiln_pool.serial_ns * 256 / n) {
+    status = kiln_pool_run_here(n, body, context, &cost->per_iteration);
+  } else {
+    status = kiln_pool_measured(n, body, context, cost);
   }
-  /* Probed by the loops' time, not the clock's: a server called now and then pays
-     for a probe once per that much work, not on every call after a pause. */
-  if (kiln_pool.probe_ns > 0 && kiln_pool.since_probe >= kiln_pool.probe_ns) {
-    KILN_STORE(kiln_pool.alone, 0); /* the workers spin through the probe */
-    KILN_STORE(kiln_pool.alone, !kiln_pool_threads_pay());
-    kiln_pool.since_probe = 0;
-  }
-  if (KILN_LOAD(kiln_pool.alone)) {
-    span = kiln_pool_now_ns();
-    kiln_pool_in_parallel = 1;
-    status = body(0, n, context);
-    kiln_pool_in_parallel = 0;
-    kiln_pool.since_probe += kiln_pool_now_ns() - span;
-    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_ALONE], 1);
-    kiln_pool_release();
-    return status;
-  }
-  status = kiln_pool_hand_off(n, body, context, 1, &span);
-  kiln_pool.since_probe += span;
-  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_LOOPS], 1);
-  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SPAN_NS], span);
-  *cost = kiln_pool_per_iteration(KILN_LOAD(kiln_pool.work_ns), n);
   kiln_pool_release();
   return status;
 }
