@@ -392,7 +392,7 @@ def main() -> None:
                  "blocks (its pool's probe found the two threads sharing a core: "
                  "docs/performance.md, \"Two threads on one core\"): "
                  + ", ".join(alone) + "."] if any(
-                     r.kiln_alone > 0 for r in results) else []  # $KILN_PROBE_MS set
+                     r.kiln_alone > 0 for r in results) else []  # the probe went alone
         write_block(DOCS / "performance.md", block, [
             machine_line(command, describe_target(target), load_before, os.getloadavg()[0]),
             "", f"Versions: {versions()}.", "", *lines, *state])
