@@ -23,7 +23,12 @@ where the producer's channel tile covers whole pairs of blocks. A strided unpadd
 reader (which converted only the positions it reads) reads every other stored word.
 ResNet's bottlenecks: the 1x1 -> 3x3 and 3x3 -> 1x1 edges, and a stage's first block
 input (read by its 1x1 layer and its strided 1x1 shortcut); a block output that also
-feeds the next residual add stays float32.
+feeds the next residual add stays float32. A channel concat read only by such
+convolutions, whose every input is such a producer's value read by the concat alone
+(SqueezeNet's fire modules: the two expansions, then the next squeeze layer), becomes
+the concat of its inputs' words: each producer stores its words into its part of it
+(lowering lays the pieces out as views of the concat's output,
+kiln.transform.concat_views).
 """
 
 from __future__ import annotations
@@ -104,6 +109,28 @@ def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
     return False
 
 
+def _concat_pieces(bindings: Sequence[g.Binding], value: g.Expr, index: dict[int, int],
+                   uses: Counter[g.Var], returned: set[int],
+                   block: int) -> list[g.Var] | None:
+    """The inputs of `value` where it is a channel concat (SqueezeNet's fire modules)
+    whose every input is read by it alone and closes a group that may store words
+    (`_producer`) of whole pairs of blocks: each producer then stores its words into
+    its part of a concat of words (along the pairs' axis: a pair of blocks is one
+    contiguous run of the words, as a block is of the float32 value). None otherwise."""
+    if not (isinstance(value, g.Call) and value.op == "concat"
+            and value.attrs.get("axis") == 1 and len(set(map(id, value.args))) == len(value.args)):
+        return None
+    pieces = []
+    for a in value.args:
+        k = index.get(id(a))
+        if not (isinstance(a, g.Var) and k is not None and uses[a] == 1
+                and id(a) not in returned and _blocked(a.type, block)
+                and _producer(bindings, k, uses, block)):
+            return None
+        pieces.append(a)
+    return pieces
+
+
 def store_words(fn: g.Function, isa: ISA) -> g.Function:
     """`fn` with the words of each value that qualifies (module docstring) computed after
     it and read by its consumers in its place."""
@@ -120,11 +147,14 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
                 readers.setdefault(id(a), []).append(b)
     after: dict[int, g.Binding] = {}     # id(value var) -> its words' binding
     replaced: dict[int, g.Binding] = {}  # id(consumer var) -> the consumer reading words
+    index = {id(b.var): k for k, b in enumerate(fn.bindings)}
     for k, b in enumerate(fn.bindings):
         convs = readers.get(id(b.var), [])
         if not (convs and len(convs) == uses[b.var] and id(b.var) not in returned
-                and all(reads_words(cast(g.Call, c.value), block) for c in convs)
-                and _producer(fn.bindings, k, uses, block)):
+                and all(reads_words(cast(g.Call, c.value), block) for c in convs)):
+            continue
+        pieces = _concat_pieces(fn.bindings, b.value, index, uses, returned, block)
+        if pieces is None and not _producer(fn.bindings, k, uses, block):
             continue
         shapes = [bf16_conv_shape([a.type for a in cast(g.Call, c.value).args],
                                   cast(g.Call, c.value).attrs) for c in convs]
@@ -132,9 +162,18 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
         if len(layouts) != 1:
             continue  # the consumers want different borders
         ((pads, flat),) = layouts
-        words = call(BF16_WORDS, b.var, pads=pads, flat=flat)
-        var = g.Var(f"{b.var.name}_words", words.ret_type)
-        after[id(b.var)] = g.Binding(var, words)
+        if pieces is None:
+            words = call(BF16_WORDS, b.var, pads=pads, flat=flat)
+            var = g.Var(f"{b.var.name}_words", words.ret_type)
+            after[id(b.var)] = g.Binding(var, words)
+        else:  # each piece's producer stores its words into the concat of words
+            for piece in pieces:
+                piece_words = call(BF16_WORDS, piece, pads=pads, flat=flat)
+                after[id(piece)] = g.Binding(g.Var(f"{piece.name}_words",
+                                                   piece_words.ret_type), piece_words)
+            words = call("concat", *(after[id(p)].var for p in pieces), axis=1)
+            var = g.Var(f"{b.var.name}_words", words.ret_type)
+            replaced[id(b.var)] = g.Binding(var, words)
         for c, shape in zip(convs, shapes, strict=True):
             conv = cast(g.Call, c.value)
             replaced[id(c.var)] = g.Binding(c.var, call(
