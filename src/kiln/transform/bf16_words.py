@@ -53,8 +53,12 @@ from kiln.ops.conv_bf16 import (
     word_block,
 )
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
+from kiln.ops.pool_nchwc import POOL_NCHWC
 from kiln.target.isa import ISA
 from kiln.transform.fuse_rule import MAX_FUSED_OPS, chain
+
+#: The ops whose kernels may store their readers' words in place of their float32 value.
+_WORD_HEADS = (CONV_BF16, CHANNEL_SCALE, POOL_NCHWC)
 
 
 def _blocked(t: object, block: int) -> bool:
@@ -89,10 +93,11 @@ def stores_words(conv: g.Call, block: int) -> bool:
 
 
 def _stores_words(call: g.Call, block: int) -> bool:
-    """`stores_words`, or a `channel_scale_nchwc` of an even count of blocks (DenseNet's
-    pre-activation BatchNorm, whose kernel stores words as it scales:
-    kiln.kernels.conv.channel_scale)."""
-    return stores_words(call, block) or (call.op == CHANNEL_SCALE
+    """`stores_words`, or a `channel_scale_nchwc` (DenseNet's pre-activation BatchNorm,
+    whose kernel stores words as it scales: kiln.kernels.conv.channel_scale) or a
+    `pool2d_nchwc` (SqueezeNet's pools before a squeeze layer: kiln.kernels.pool.nchwc)
+    of an even count of blocks."""
+    return stores_words(call, block) or (call.op in _WORD_HEADS[1:]
                                          and _blocked(call.ret_type, block))
 
 
@@ -102,7 +107,7 @@ def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
     its head's epilogue of elementwise ops; room left for the words) whose head may store
     words: a bfloat16 convolution, or DenseNet's pre-activation channel scale. The group's
     kernel then stores them."""
-    for head in (CONV_BF16, CHANNEL_SCALE):
+    for head in _WORD_HEADS:
         j = chain(bindings, k, uses, head, MAX_FUSED_OPS - 1)
         if j is not None:
             return _stores_words(cast(g.Call, bindings[j].value), block)
@@ -191,9 +196,9 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
 
 def words_tail(group: list[g.Binding], value: g.Expr) -> bool:
     """Whether `value` is the `bf16_words` of `group`'s last value and `group` a bfloat16
-    convolution's or a channel scale's (the kernel stores the words: FuseOps joins it to
-    the group)."""
+    convolution's, a channel scale's or a pool's (the kernel stores the words: FuseOps
+    joins it to the group)."""
     first = group[0].value
     return (isinstance(value, g.Call) and value.op == BF16_WORDS
             and value.args[0] is group[-1].var
-            and isinstance(first, g.Call) and first.op in (CONV_BF16, CHANNEL_SCALE))
+            and isinstance(first, g.Call) and first.op in _WORD_HEADS)
