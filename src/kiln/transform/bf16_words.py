@@ -105,8 +105,8 @@ def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
               block: int) -> bool:
     """Whether binding `k`'s value is the last of a FuseOps group (kiln.transform.fuse_rule:
     its head's epilogue of elementwise ops; room left for the words) whose head may store
-    words: a bfloat16 convolution, or DenseNet's pre-activation channel scale. The group's
-    kernel then stores them."""
+    words: a bfloat16 convolution, DenseNet's pre-activation channel scale or a pool. The
+    group's kernel then stores them."""
     for head in _WORD_HEADS:
         j = chain(bindings, k, uses, head, MAX_FUSED_OPS - 1)
         if j is not None:
