@@ -23,7 +23,12 @@ where the producer's channel tile covers whole pairs of blocks. A strided unpadd
 reader (which converted only the positions it reads) reads every other stored word.
 ResNet's bottlenecks: the 1x1 -> 3x3 and 3x3 -> 1x1 edges, and a stage's first block
 input (read by its 1x1 layer and its strided 1x1 shortcut); a block output that also
-feeds the next residual add stays float32.
+feeds the next residual add stays float32. A channel concat read only by such
+convolutions, whose every input is such a producer's value read by the concat alone
+(SqueezeNet's fire modules: the two expansions, then the next squeeze layer), becomes
+the concat of its inputs' words: each producer stores its words into its part of it
+(lowering lays the pieces out as views of the concat's output,
+kiln.transform.concat_views).
 """
 
 from __future__ import annotations
@@ -48,8 +53,12 @@ from kiln.ops.conv_bf16 import (
     word_block,
 )
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
+from kiln.ops.pool_nchwc import POOL_NCHWC
 from kiln.target.isa import ISA
 from kiln.transform.fuse_rule import MAX_FUSED_OPS, chain
+
+#: The ops whose kernels may store their readers' words in place of their float32 value.
+_WORD_HEADS = (CONV_BF16, CHANNEL_SCALE, POOL_NCHWC)
 
 
 def _blocked(t: object, block: int) -> bool:
@@ -84,10 +93,11 @@ def stores_words(conv: g.Call, block: int) -> bool:
 
 
 def _stores_words(call: g.Call, block: int) -> bool:
-    """`stores_words`, or a `channel_scale_nchwc` of an even count of blocks (DenseNet's
-    pre-activation BatchNorm, whose kernel stores words as it scales:
-    kiln.kernels.conv.channel_scale)."""
-    return stores_words(call, block) or (call.op == CHANNEL_SCALE
+    """`stores_words`, or a `channel_scale_nchwc` (DenseNet's pre-activation BatchNorm,
+    whose kernel stores words as it scales: kiln.kernels.conv.channel_scale) or a
+    `pool2d_nchwc` (SqueezeNet's pools before a squeeze layer: kiln.kernels.pool.nchwc)
+    of an even count of blocks."""
+    return stores_words(call, block) or (call.op in _WORD_HEADS[1:]
                                          and _blocked(call.ret_type, block))
 
 
@@ -95,13 +105,35 @@ def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
               block: int) -> bool:
     """Whether binding `k`'s value is the last of a FuseOps group (kiln.transform.fuse_rule:
     its head's epilogue of elementwise ops; room left for the words) whose head may store
-    words: a bfloat16 convolution, or DenseNet's pre-activation channel scale. The group's
-    kernel then stores them."""
-    for head in (CONV_BF16, CHANNEL_SCALE):
+    words: a bfloat16 convolution, DenseNet's pre-activation channel scale or a pool. The
+    group's kernel then stores them."""
+    for head in _WORD_HEADS:
         j = chain(bindings, k, uses, head, MAX_FUSED_OPS - 1)
         if j is not None:
             return _stores_words(cast(g.Call, bindings[j].value), block)
     return False
+
+
+def _concat_pieces(bindings: Sequence[g.Binding], value: g.Expr, index: dict[int, int],
+                   uses: Counter[g.Var], returned: set[int],
+                   block: int) -> list[g.Var] | None:
+    """The inputs of `value` where it is a channel concat (SqueezeNet's fire modules)
+    whose every input is read by it alone and closes a group that may store words
+    (`_producer`) of whole pairs of blocks: each producer then stores its words into
+    its part of a concat of words (along the pairs' axis: a pair of blocks is one
+    contiguous run of the words, as a block is of the float32 value). None otherwise."""
+    if not (isinstance(value, g.Call) and value.op == "concat"
+            and value.attrs.get("axis") == 1 and len(set(map(id, value.args))) == len(value.args)):
+        return None
+    pieces = []
+    for a in value.args:
+        k = index.get(id(a))
+        if not (isinstance(a, g.Var) and k is not None and uses[a] == 1
+                and id(a) not in returned and _blocked(a.type, block)
+                and _producer(bindings, k, uses, block)):
+            return None
+        pieces.append(a)
+    return pieces
 
 
 def store_words(fn: g.Function, isa: ISA) -> g.Function:
@@ -120,11 +152,14 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
                 readers.setdefault(id(a), []).append(b)
     after: dict[int, g.Binding] = {}     # id(value var) -> its words' binding
     replaced: dict[int, g.Binding] = {}  # id(consumer var) -> the consumer reading words
+    index = {id(b.var): k for k, b in enumerate(fn.bindings)}
     for k, b in enumerate(fn.bindings):
         convs = readers.get(id(b.var), [])
         if not (convs and len(convs) == uses[b.var] and id(b.var) not in returned
-                and all(reads_words(cast(g.Call, c.value), block) for c in convs)
-                and _producer(fn.bindings, k, uses, block)):
+                and all(reads_words(cast(g.Call, c.value), block) for c in convs)):
+            continue
+        pieces = _concat_pieces(fn.bindings, b.value, index, uses, returned, block)
+        if pieces is None and not _producer(fn.bindings, k, uses, block):
             continue
         shapes = [bf16_conv_shape([a.type for a in cast(g.Call, c.value).args],
                                   cast(g.Call, c.value).attrs) for c in convs]
@@ -132,9 +167,18 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
         if len(layouts) != 1:
             continue  # the consumers want different borders
         ((pads, flat),) = layouts
-        words = call(BF16_WORDS, b.var, pads=pads, flat=flat)
-        var = g.Var(f"{b.var.name}_words", words.ret_type)
-        after[id(b.var)] = g.Binding(var, words)
+        if pieces is None:
+            words = call(BF16_WORDS, b.var, pads=pads, flat=flat)
+            var = g.Var(f"{b.var.name}_words", words.ret_type)
+            after[id(b.var)] = g.Binding(var, words)
+        else:  # each piece's producer stores its words into the concat of words
+            for piece in pieces:
+                piece_words = call(BF16_WORDS, piece, pads=pads, flat=flat)
+                after[id(piece)] = g.Binding(g.Var(f"{piece.name}_words",
+                                                   piece_words.ret_type), piece_words)
+            words = call("concat", *(after[id(p)].var for p in pieces), axis=1)
+            var = g.Var(f"{b.var.name}_words", words.ret_type)
+            replaced[id(b.var)] = g.Binding(var, words)
         for c, shape in zip(convs, shapes, strict=True):
             conv = cast(g.Call, c.value)
             replaced[id(c.var)] = g.Binding(c.var, call(
@@ -152,9 +196,9 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
 
 def words_tail(group: list[g.Binding], value: g.Expr) -> bool:
     """Whether `value` is the `bf16_words` of `group`'s last value and `group` a bfloat16
-    convolution's or a channel scale's (the kernel stores the words: FuseOps joins it to
-    the group)."""
+    convolution's, a channel scale's or a pool's (the kernel stores the words: FuseOps
+    joins it to the group)."""
     first = group[0].value
     return (isinstance(value, g.Call) and value.op == BF16_WORDS
             and value.args[0] is group[-1].var
-            and isinstance(first, g.Call) and first.op in (CONV_BF16, CHANNEL_SCALE))
+            and isinstance(first, g.Call) and first.op in _WORD_HEADS)

@@ -66,7 +66,7 @@ from support.reference import onnxruntime_outputs
 
 RNG = np.random.default_rng(63)
 TOL = 1e-2  # against float32 (see the module docstring)
-CONVS = 16
+CONVS = 17
 
 
 def _weight(*shape: int) -> np.ndarray:
@@ -118,21 +118,26 @@ def _model() -> Any:
 
 def _bottlenecks(b: GraphBuilder) -> None:
     """A bottleneck twice over the same weights: a 1x1 layer and ReLU, a 3x3 layer with
-    pads (1, 0, 2, 1) and ReLU, a 1x1 layer. In the first (output `words`) each value
-    between layers is read by the next layer only: each layer stores the next one's words
-    (kiln.transform.bf16_words: into its border, then as one row of positions); in the
-    second (`floats`) each is also a result, so stays float32 and is converted by the
-    layer reading it."""
+    pads (1, 0, 1, 2) and ReLU, concatenated with a 1x1 layer and ReLU on the input and
+    its 3x3 max pool, a 1x1 layer. In the first (output `words`) each value between
+    layers is read by the next layer only: each layer stores the next one's words
+    (kiln.transform.bf16_words: into its border, then as one row of positions; the 3x3
+    layer and the pool each into its part of the concat's words); in the second
+    (`floats`) each is also a result, so stays float32 and is converted by the layer
+    reading it."""
     x = b.input("r", (1, 32, 6, 7))
-    w1, b1, w2, b2, w3 = (b.const(_weight(32, 32, 1, 1)), b.const(_weight(32)),
-                          b.const(_weight(32, 32, 3, 3)), b.const(_weight(32)),
-                          b.const(_weight(32, 32, 1, 1)))
+    w1, b1, w2, b2, w3, w4 = (b.const(_weight(32, 32, 1, 1)), b.const(_weight(32)),
+                              b.const(_weight(32, 32, 3, 3)), b.const(_weight(32)),
+                              b.const(_weight(32, 64, 1, 1)), b.const(_weight(32, 32, 1, 1)))
     for name in ("words", "floats"):
         y = b.op("Relu", b.op("Conv", x, w1, b1))
-        z = b.op("Relu", b.op("Conv", y, w2, b2, pads=[1, 0, 2, 1]))
-        b.node("Conv", [z, w3], [name])
-        b.output(name, (1, 32, 7, 6))
-    for value, name, shape in ((y, "y", (1, 32, 6, 7)), (z, "z", (1, 32, 7, 6))):
+        z = b.op("Relu", b.op("Conv", y, w2, b2, pads=[1, 0, 1, 2]))
+        side = b.op("Relu", b.op("Conv", x, w4))
+        pooled = b.op("MaxPool", side, kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+        b.node("Conv", [b.op("Concat", z, pooled, axis=1), w3], [name])
+        b.output(name, (1, 32, 6, 7))
+    for value, name, shape in ((y, "y", (1, 32, 6, 7)), (z, "z", (1, 32, 6, 7)),
+                               (pooled, "pooled", (1, 32, 6, 7))):
         b.node("Identity", [value], [name])
         b.output(name, shape)
 
@@ -187,15 +192,15 @@ def test_every_layer_runs_in_bfloat16(built: Any) -> None:
                            and s.value.name == t.PREFETCH_INTRINSIC
                            for s in iter_stmts(f.body))]
     assert len(prefetching) == 1, prefetching
-    # four 1x1 stride-1 layers of one channel tile convert their input in their tiles,
-    # four layers read the words their producer stored (the 3x3 layer to 256 channels,
-    # the 1x1 layer to 24 and two of `_bottlenecks`'), the others convert into a
-    # workspace first
+    # five 1x1 stride-1 layers of one channel tile convert their input in their tiles
+    # (one the kernel of both `_bottlenecks`' layers before the pool), four layers read
+    # the words their producer stored (the 3x3 layer to 256 channels, the 1x1 layer to
+    # 24 and two of `_bottlenecks`'), the others convert into a workspace first
     staged = [name for name, f in ex.ir.prim_funcs().items()
               if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc_bf16"
               and not any(isinstance(s, t.Allocate) and s.buffer.name == "xbf16"
                           for s in iter_stmts(f.body))]
-    assert len(staged) == 8, staged
+    assert len(staged) == 9, staged
     # the 7x7 layer's weight: 3 channels x 7 rows x 4 words of column pairs (`row_taps`)
     assert any(isinstance(p, t.Buffer) and tuple(p.shape)[1:4] == (3, 7, 4)
                for f in ex.ir.prim_funcs().values() for p in f.params)
@@ -347,11 +352,13 @@ def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
 def test_stored_words_match_converted_input(built: Any) -> None:
     """A layer reading the words its producer stored gives the outputs of one converting
     its float32 input itself, bit for bit (the same rounding; both match float32
-    onnxruntime: `test_bf16_conv_matches_float32`). Four kernels store words: the 3x3
+    onnxruntime: `test_bf16_conv_matches_float32`). Six kernels store words: the 3x3
     layer to 64 channels with its residual add (for the 3x3 layer to 256), that layer's
-    (for the 1x1 layer to 24), and the first bottleneck's two."""
+    (for the 1x1 layer to 24), and the first bottleneck's three (the 3x3 layer and the
+    pool into a concat)."""
     ex, _ = built
-    assert sum("bf16_words" in name for name in ex.ir.functions) == 4
+    assert sum("bf16_words" in name for name in ex.ir.functions) == 5
+    assert "fused_pool2d_nchwc_bf16_words" in ex.ir.functions
     r = RNG.standard_normal((1, 32, 6, 7)).astype(np.float32)
     inputs = [np.zeros((1, 3, 13, 11), np.float32), np.zeros((1, 20, 9), np.float32),
               np.zeros((1, 111, 7, 7), np.float32), r]

@@ -11,12 +11,13 @@ from typing import Any, cast
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_PARALLEL_DECIDED, ATTR_POOL_KERNEL
 from kiln.ir.shape_expr import is_static
-from kiln.ir.tensor import PrimFunc
+from kiln.ir.tensor import Buffer, PrimFunc
 from kiln.ir.types import TensorType
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.pool import window as pk
 from kiln.kernels.pool.nchwc import pool_nchwc_body
 from kiln.ops import layout, te
+from kiln.ops.conv_bf16 import words_shape, words_source
 from kiln.ops.pool import Window, scans_from_first
 from kiln.ops.pool_nchwc import merged_shape, split_attrs
 from kiln.target.isa import ISA
@@ -94,6 +95,9 @@ class PoolNchwcLowering:
                     name: str, isa: ISA) -> PrimFunc | None:
         """The vector kernel (see `kiln.kernels.lowering.Lowering.lower_fused`)."""
         x = args[0]
+        source = words_source(result) if result is not None else None
+        if source is not None:  # the readers' words (kiln.transform.bf16_words)
+            result = None if source.tensor is anchor else source.tensor
         if x not in params or x.dtype != "float32" or len(x.shape) != 5 \
                 or not is_static(tuple(x.shape[1:])) \
                 or (result is not None and result.dtype != x.dtype):
@@ -101,16 +105,20 @@ class PoolNchwcLowering:
         pool, rest = split_attrs(attrs)
         geometry = window_geometry(merged_shape(x.shape), rest)
         block = int(x.shape[4])
-        store = fused_store(params, anchor, result,
-                            layout.block_shape((*geometry.shape[:2], *geometry.out), block))
+        pooled = layout.block_shape((*geometry.shape[:2], *geometry.out), block)
+        store = fused_store(params, anchor, result, pooled)
         if store is None:
             return None
+        out = store.out
+        if source is not None:
+            out = Buffer("out", words_shape(pooled, source.pads, source.flat), "int32")
         maximum = pool == "max_pool2d"
         body = pool_nchwc_body("max" if maximum else "avg", geometry,
                                bool(rest.get("count_include_pad", False)), store.buffers[x],
-                               store.out, store.epilogue,
-                               maximum and scans_from_first(rest, x.dtype), isa=isa)
-        return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
+                               out, store.epilogue,
+                               maximum and scans_from_first(rest, x.dtype), isa=isa,
+                               words=None if source is None else (source.pads, source.flat))
+        return PrimFunc((*(store.buffers[t] for t in params), out), body,
                         {ATTR_POOL_KERNEL: name, ATTR_PARALLEL_DECIDED: True})
 
 

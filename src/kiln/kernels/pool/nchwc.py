@@ -32,11 +32,17 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.conv.bf16_words import zero_border
+from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.pool.window import PoolGeometry
 from kiln.kernels.tiles import Epilogue, lanes_loop, loop, parallel_tiles, parallel_when
 from kiln.ops import nan_order, te
 from kiln.ops.pool import max_floor, window_max
 from kiln.target.isa import ISA
+
+#: The layout of the `bf16_words` a pool stores (kiln.ops.conv_bf16): the pads (top, left,
+#: bottom, right) and whether the positions are one row (`flat`).
+WordsLayout = tuple[tuple[int, int, int, int], bool]
 
 
 def interior(out: int, stride: int, pad: int, k: int, dilation: int, size: int
@@ -57,12 +63,15 @@ def _taps(start: PrimExpr, k: int, dilation: int, size: int) -> tuple[PrimExpr, 
 
 
 def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buffer,
-                    out: Buffer, epilogue: Epilogue, scan: bool = False, *, isa: ISA) -> Stmt:
+                    out: Buffer, epilogue: Epilogue, scan: bool = False, *, isa: ISA,
+                    words: WordsLayout | None = None) -> Stmt:
     """The loop nest of a `kind` ("max" or "avg") pool of the NCHW{b}c `x` into `out`,
     `epilogue(value, index)` applied as each output lane is stored. `geometry` is the
     window on the channel-merged NCHW input (kiln.ops.pool_nchwc). `scan`: a max scanned
     from each window's first element inside the input (kiln.ops.pool's
-    `scans_from_first`: from -inf, a leading NaN kept)."""
+    `scans_from_first`: from -inf, a leading NaN kept). With `words` (the readers'
+    `bf16_words` layout, kiln.transform.bf16_words) `out` is those words: a task takes a
+    pair of blocks, and lane `v` of both blocks' results is rounded into one word."""
     # the batch may be symbolic: the outer loop's extent, the rest planned as pinned
     batch = x.shape[0] if not isinstance(x.shape[0], int) else int(x.shape[0])
     blocks, h, w, block = (int(d) for d in x.shape[1:])
@@ -77,19 +86,26 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
     def fold(acc: PrimExpr, value: PrimExpr) -> PrimExpr:
         return window_max(acc, value) if kind == "max" else acc + value
 
-    def row(n: PrimExpr, c: PrimExpr, oh: PrimExpr) -> Stmt:
+    # each task's channel blocks: one, or a pair of them when storing words
+    group = 1 if words is None else 2
+
+    def row(n: PrimExpr, pair: PrimExpr, oh: PrimExpr) -> Stmt:
         r0 = Var("r0", INDEX_DTYPE)
         kh_lo, kh_hi = Var("kh_lo", INDEX_DTYPE), Var("kh_hi", INDEX_DTYPE)
         lo, hi = _taps(r0, kh, dh, h)
 
+        def channel(k: int) -> PrimExpr:  # the k-th block of the task
+            return pair if group == 1 else pair * group + k
+
         def position(ow: PrimExpr, cols: tuple[PrimExpr, PrimExpr] | None) -> Stmt:
             q0 = ow * sw - left
-            acc = Buffer("acc", (block,), dtype, "local")
+            accs = [Buffer("acc", (block,), dtype, "local") for _ in range(group)]
 
             def taps(i: PrimExpr) -> Stmt:
                 def lane(j: PrimExpr, v: PrimExpr) -> Stmt:
-                    value = x[n, c, r0 + i * dh, q0 + j * dw, v]
-                    return Store(acc, fold(acc[v], value), (v,))
+                    return seq(*(Store(acc, fold(acc[v], x[
+                        n, channel(k), r0 + i * dh, q0 + j * dw, v]), (v,))
+                        for k, acc in enumerate(accs)))
 
                 def tap(j: PrimExpr) -> Stmt:
                     return lanes_loop("v", block, lambda v: lane(j, v))
@@ -98,15 +114,27 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
                     return loop("kw", kw, tap)
                 return loop("kw", cols[1] - cols[0], tap, start=cols[0])
 
-            def store(v: PrimExpr) -> Stmt:
+            def result(k: int, v: PrimExpr) -> PrimExpr:
+                c, acc = channel(k), accs[k]
                 idx = (n, c, oh, ow, v)
                 value = acc[v] if kind == "max" else acc[v] / counts[oh, ow]
                 if scan:  # the window's first tap: kh_lo, and its first column
                     first = x[n, c, r0 + kh_lo * dh, q0 + (cols[0] if cols else 0) * dw, v]
                     value = nan_order.with_leading_nan(first, value)
-                return Store(out, epilogue(value, idx), idx)
+                return epilogue(value, idx)
 
-            return seq(Allocate(acc), lanes_loop("v", block, lambda v: Store(acc, start, (v,))),
+            def store(v: PrimExpr) -> Stmt:
+                if words is None:
+                    return Store(out, result(0, v), (n, pair, oh, ow, v))
+                pads, flat = words
+                at = (n, pair, oh * out_w + ow) if flat else (n, pair, oh + pads[0],
+                                                              ow + pads[1])
+                return Store(out, bf16_word(result(0, v), result(1, v)), (*at, v))
+
+            def init(acc: Buffer) -> Stmt:
+                return lanes_loop("v", block, lambda v: Store(acc, start, (v,)))
+
+            return seq(*map(Allocate, accs), *map(init, accs),
                        loop("kh", kh_hi - kh_lo, taps, start=kh_lo),
                        lanes_loop("v", block, store))
 
@@ -123,8 +151,9 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
             runs.append(loop("ow", out_w - end, border, start=end))
         return seq(LetStmt(r0, oh * sh - top), LetStmt(kh_lo, lo), LetStmt(kh_hi, hi), *runs)
 
-    nest = parallel_when(lambda: parallel_tiles((batch, blocks, out_h), row),
+    nest = parallel_when(lambda: parallel_tiles((batch, blocks // group, out_h), row),
                          batch * blocks * out_h * out_w * block * kh * kw, "element", isa=isa)
+    border = [] if words is None else zero_border(out, words[0])
     if kind == "max":
-        return nest
-    return seq(AllocConst(counts, geometry.counts(include_pad)), nest)
+        return seq(*border, nest)
+    return seq(*border, AllocConst(counts, geometry.counts(include_pad)), nest)
