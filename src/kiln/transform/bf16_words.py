@@ -13,7 +13,9 @@ them in place (attribute `words_input`). FuseOps then joins `bf16_words` to the 
 (`words_tail`): the producer's tiles round their outputs, after the epilogue in
 float32, straight into the words (kiln.kernels.conv.bf16_words), and the float32 tensor
 and the conversion passes are gone. A `channel_scale_nchwc` producer (DenseNet's
-pre-activation BatchNorm and ReLU) stores them likewise (kiln.kernels.conv.channel_scale).
+pre-activation BatchNorm and ReLU) and a `conv2d_nchwc_depthwise` (MobileNetV2's depthwise
+layers, read by their projection) store them likewise (kiln.kernels.conv.channel_scale,
+kiln.kernels.conv.nchwc_depthwise).
 The words are the ones each reader's conversion would write, so the outputs are the same
 bit for bit.
 
@@ -48,6 +50,7 @@ from kiln.ops.conv_bf16 import (
     word_block,
 )
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
+from kiln.ops.conv_nchwc_depthwise import NCHWC_DEPTHWISE
 from kiln.target.isa import ISA
 from kiln.transform.fuse_rule import MAX_FUSED_OPS, chain
 
@@ -83,11 +86,15 @@ def stores_words(conv: g.Call, block: int) -> bool:
             and isinstance(channels, int) and channels % (2 * block) == 0)
 
 
+#: Ops whose kernels store words for any output of an even count of blocks: DenseNet's
+#: pre-activation BatchNorm (kiln.kernels.conv.channel_scale) and a depthwise layer
+#: (MobileNetV2's, before its projection: kiln.kernels.conv.nchwc_depthwise).
+_BLOCK_PAIRS = (CHANNEL_SCALE, NCHWC_DEPTHWISE)
+
+
 def _stores_words(call: g.Call, block: int) -> bool:
-    """`stores_words`, or a `channel_scale_nchwc` of an even count of blocks (DenseNet's
-    pre-activation BatchNorm, whose kernel stores words as it scales:
-    kiln.kernels.conv.channel_scale)."""
-    return stores_words(call, block) or (call.op == CHANNEL_SCALE
+    """`stores_words`, or a `_BLOCK_PAIRS` op of an even count of blocks."""
+    return stores_words(call, block) or (call.op in _BLOCK_PAIRS
                                          and _blocked(call.ret_type, block))
 
 
@@ -95,9 +102,9 @@ def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
               block: int) -> bool:
     """Whether binding `k`'s value is the last of a FuseOps group (kiln.transform.fuse_rule:
     its head's epilogue of elementwise ops; room left for the words) whose head may store
-    words: a bfloat16 convolution, or DenseNet's pre-activation channel scale. The group's
-    kernel then stores them."""
-    for head in (CONV_BF16, CHANNEL_SCALE):
+    words: a bfloat16 convolution or a `_BLOCK_PAIRS` op. The group's kernel then stores
+    them."""
+    for head in (CONV_BF16, *_BLOCK_PAIRS):
         j = chain(bindings, k, uses, head, MAX_FUSED_OPS - 1)
         if j is not None:
             return _stores_words(cast(g.Call, bindings[j].value), block)
@@ -152,9 +159,9 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
 
 def words_tail(group: list[g.Binding], value: g.Expr) -> bool:
     """Whether `value` is the `bf16_words` of `group`'s last value and `group` a bfloat16
-    convolution's or a channel scale's (the kernel stores the words: FuseOps joins it to
-    the group)."""
+    convolution's or a `_BLOCK_PAIRS` op's (the kernel stores the words: FuseOps joins it
+    to the group)."""
     first = group[0].value
     return (isinstance(value, g.Call) and value.op == BF16_WORDS
             and value.args[0] is group[-1].var
-            and isinstance(first, g.Call) and first.op in (CONV_BF16, CHANNEL_SCALE))
+            and isinstance(first, g.Call) and first.op in (CONV_BF16, *_BLOCK_PAIRS))
