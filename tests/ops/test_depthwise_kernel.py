@@ -53,11 +53,16 @@ CASES: list[dict[str, Any]] = [
     # flattened plane of kiln.kernels.conv.flat_plane: 5 vectors of rows 11 apart, the
     # left pad wider than the right)
     dict(x=(1, 5, 7, 7), k=5, s=1, pads=(4, 4, 4, 3), dil=2, tail=None),
+    # ShuffleNet's 14 x 14 -> 7 x 7 layer, 8 channels: its rows computed at stride 1 (one
+    # vector on 16 lanes: the 8 channels' padded planes on the stack together, before
+    # their tiles; two on 8 lanes: one plane per channel; on 4, split by column phase)
+    dict(x=(1, 8, 14, 14), k=3, s=2, pads=(1, 1, 1, 1), tail=None),
     # padded, 17 channels of 128x128 padded: more than an L2 of 1 MB, so each channel is
     # padded on the stack next to its tiles (WINDOW_PLANE_BYTES, one plane exactly)
     dict(x=(1, 17, 126, 126), k=3, s=1, pads=(1, 1, 1, 1), tail="relu6"),
 ]
 PLANE_CASES = 1  # the last cases
+NARROW = 3  # the narrow strided case, padded on the stack too
 SE = dict(x=(1, 24, 9, 9), squeezed=6)
 # 2-D pooling on the same window kernel: (op, input, kernel, stride, pads, extra attrs)
 POOLS: list[dict[str, Any]] = [
@@ -125,8 +130,8 @@ def test_matches_onnxruntime(native: kiln.driver.Executable,
 
 def test_large_padded_inputs_are_padded_per_channel(native: kiln.driver.Executable) -> None:
     """Past the L2 a stride-1 layer pads each channel into a stack plane, not the whole
-    input into a workspace; the small layers (and the wide strided one) keep the
-    workspace."""
+    input into a workspace, as does the narrow strided layer; the other small layers (and
+    the wide strided one) keep the workspace."""
     planes = []
     for f in native.ir.functions.values():
         if f.attrs.get("kiln.conv_kernel") == "conv2d_depthwise":
@@ -136,17 +141,19 @@ def test_large_padded_inputs_are_padded_per_channel(native: kiln.driver.Executab
             if "xplane" in allocs:
                 assert allocs["xplane"].scope == "local" and "xpad" not in allocs
     assert isa_for(native.target).l2_bytes < 17 * WINDOW_PLANE_BYTES
-    assert len(planes) == len(CASES) and planes.count(True) == PLANE_CASES
+    narrow = tile_lanes(isa_for(native.target)) >= 8  # its 14-column rows at stride 1
+    assert len(planes) == len(CASES) and planes.count(True) == PLANE_CASES + narrow
 
 
 def test_narrow_strided_rows_are_computed_at_stride_1(native: kiln.driver.Executable
                                                       ) -> None:
     """A stride-2 window kernel whose rows at stride 1 fit two vectors reads its input
-    padded in one column phase and stores every other column (the 19-column average
-    pool on 16 lanes); wider rows (the 73-column layer, that pool on 8 lanes) keep the
-    split by column phase."""
+    padded in one column phase and stores every other column (the 14-column layer, the
+    19-column average pool on 16 lanes); wider rows (the 73-column layer, that pool on 8
+    lanes) keep the split by column phase. The 14-column layer's rows of one vector (16
+    lanes) read planes padded in a block of its 8 channels."""
     lanes = tile_lanes(isa_for(native.target))
-    phases = {}
+    phases, planes = {}, {}
     for f in native.ir.functions.values():
         name = f.attrs.get("kiln.conv_kernel") or f.attrs.get("kiln.pool_kernel")
         allocs = {s.buffer.name: s.buffer for s in iter_stmts(f.body)
@@ -154,9 +161,13 @@ def test_narrow_strided_rows_are_computed_at_stride_1(native: kiln.driver.Execut
         padded = allocs.get("xpad") or allocs.get("xplane")
         if name and padded:
             phases[f.params[0].shape[1:]] = (padded.shape[-3], "packed" in allocs)
-    narrow = {CASES[0]["x"][1:]: False, POOLS[2]["x"][1:]: lanes >= 16}
+            planes[f.params[0].shape[1:]] = padded.shape
+    narrow = {CASES[0]["x"][1:]: False, CASES[NARROW]["x"][1:]: lanes >= 8,
+              POOLS[2]["x"][1:]: lanes >= 16}
     for image, computed_at_stride_1 in narrow.items():
         assert phases[image] == ((1, True) if computed_at_stride_1 else (2, False))
+    if lanes >= 8:  # on the stack: a plane per block of channels, or per channel
+        assert len(planes[CASES[NARROW]["x"][1:]]) == (4 if lanes >= 16 else 3)
 
 
 def test_narrow_planes_are_flattened(native: kiln.driver.Executable) -> None:
