@@ -83,8 +83,8 @@ def window_schedule(shape: ConvShape, dtype: str, tile_w: int, lanes: int, regis
     (`l2_bytes`, 0: never) padded channel by channel on the stack, as is that of a
     strided kernel's rows of more than one vector computed at stride 1 (`compacted`:
     `shape` is then that stride-1 geometry, `compacted_columns`). With `channel_blocks`,
-    compacted rows of one vector are padded on the stack too, in blocks of channels
-    (`channel_block`)."""
+    rows of one vector (at stride 1 or computed so) are padded on the stack too, in blocks
+    of channels (`channel_block`)."""
     sw = shape.stride[1]
     plane = padded_plane_dims(shape, sw)
     # Stride 1, a padded input larger than the L2 (`l2_bytes`, 0: never): each channel
@@ -102,7 +102,8 @@ def window_schedule(shape: ConvShape, dtype: str, tile_w: int, lanes: int, regis
     rows = depthwise_tile_rows(shape, tile_w, lanes, registers)
     # A block of planes, all stored before the first tile reads its own, also takes the
     # rows of one vector off the workspace (a serial pass ahead of the channels' loop).
-    block = channel_block(shape) if channel_blocks and compacted and not local else 0
+    narrow = channel_blocks and shape.out_w <= lanes and not local
+    block = channel_block(shape) if narrow else 0
     if block and sw == 1 and needs_padding(shape, sw) \
             and block * plane_bytes <= WINDOW_PLANE_BYTES:
         return WindowSchedule(tile_w, lanes, rows, True, block)
