@@ -47,17 +47,25 @@ TOL = 1e-5
 CASES: list[dict[str, Any]] = [
     # 5x5 stride 2, SAME_UPPER (asymmetric pads), SiLU: 9 output rows, 37 columns
     dict(x=(1, 3, 17, 73), k=5, s=2, pads="SAME_UPPER", tail="silu"),
-    # 3x3 stride 1 with ReLU6, batch 2: 19 output rows (blocks of 7 and a partial 5)
-    dict(x=(2, 4, 19, 21), k=3, s=1, pads=(1, 1, 1, 1), tail="relu6"),
+    # 3x3 stride 1 with ReLU6, batch 2: 19 output rows (blocks of 7 and a partial 5) of
+    # 16 columns (one vector on 16 lanes: the 4 channels' padded planes on the stack
+    # together, before their tiles)
+    dict(x=(2, 4, 19, 16), k=3, s=1, pads=(1, 1, 1, 1), tail="relu6"),
     # 5x5, dilation 2, a 7 x 6 output (one tile of every row on 8 lanes; on 16, the
     # flattened plane of kiln.kernels.conv.flat_plane: 5 vectors of rows 11 apart, the
     # left pad wider than the right)
     dict(x=(1, 5, 7, 7), k=5, s=1, pads=(4, 4, 4, 3), dil=2, tail=None),
+    # ShuffleNet's 14 x 14 -> 7 x 7 layer, 8 channels: its rows computed at stride 1 (one
+    # vector on 16 lanes: the 8 channels' padded planes on the stack together, before
+    # their tiles; two on 8 lanes: one plane per channel; on 4, split by column phase)
+    dict(x=(1, 8, 14, 14), k=3, s=2, pads=(1, 1, 1, 1), tail=None),
     # padded, 17 channels of 128x128 padded: more than an L2 of 1 MB, so each channel is
     # padded on the stack next to its tiles (WINDOW_PLANE_BYTES, one plane exactly)
     dict(x=(1, 17, 126, 126), k=3, s=1, pads=(1, 1, 1, 1), tail="relu6"),
 ]
 PLANE_CASES = 1  # the last cases
+NARROW = 3  # the narrow strided case, padded on the stack too
+ONE_VECTOR = 1  # rows of one vector on 16 lanes, padded on the stack too
 SE = dict(x=(1, 24, 9, 9), squeezed=6)
 # 2-D pooling on the same window kernel: (op, input, kernel, stride, pads, extra attrs)
 POOLS: list[dict[str, Any]] = [
@@ -125,26 +133,34 @@ def test_matches_onnxruntime(native: kiln.driver.Executable,
 
 def test_large_padded_inputs_are_padded_per_channel(native: kiln.driver.Executable) -> None:
     """Past the L2 a stride-1 layer pads each channel into a stack plane, not the whole
-    input into a workspace; the small layers (and the wide strided one) keep the
-    workspace."""
-    planes = []
+    input into a workspace, as do the narrow strided layer and the layers whose rows are
+    one vector (16 columns on 16 lanes, the dilated 6 on 8), those in blocks of
+    channels; the other small layers (and the wide strided one) keep the workspace."""
+    lanes = tile_lanes(isa_for(native.target))
+    planes = {}
     for f in native.ir.functions.values():
         if f.attrs.get("kiln.conv_kernel") == "conv2d_depthwise":
             allocs = {s.buffer.name: s.buffer for s in iter_stmts(f.body)
                       if isinstance(s, Allocate)}
-            planes.append("xplane" in allocs)
+            planes[f.params[0].shape[1:]] = len(allocs["xplane"].shape) if (
+                "xplane" in allocs) else 0
             if "xplane" in allocs:
                 assert allocs["xplane"].scope == "local" and "xpad" not in allocs
     assert isa_for(native.target).l2_bytes < 17 * WINDOW_PLANE_BYTES
-    assert len(planes) == len(CASES) and planes.count(True) == PLANE_CASES
+    # dims of the stack planes: (phases, rows, cols), with a block of channels first
+    blocked = 4 if lanes >= 16 else 0
+    assert planes == {CASES[0]["x"][1:]: 0, CASES[ONE_VECTOR]["x"][1:]: blocked,
+                      CASES[2]["x"][1:]: 4 * (lanes == 8),  # 16 lanes: the flattened plane
+                      CASES[NARROW]["x"][1:]: blocked or 3 * (lanes >= 8),
+                      CASES[-1]["x"][1:]: 3}
 
 
 def test_narrow_strided_rows_are_computed_at_stride_1(native: kiln.driver.Executable
                                                       ) -> None:
     """A stride-2 window kernel whose rows at stride 1 fit two vectors reads its input
-    padded in one column phase and stores every other column (the 19-column average
-    pool on 16 lanes); wider rows (the 73-column layer, that pool on 8 lanes) keep the
-    split by column phase."""
+    padded in one column phase and stores every other column (the 14-column layer, the
+    19-column average pool on 16 lanes); wider rows (the 73-column layer, that pool on 8
+    lanes) keep the split by column phase."""
     lanes = tile_lanes(isa_for(native.target))
     phases = {}
     for f in native.ir.functions.values():
@@ -154,7 +170,8 @@ def test_narrow_strided_rows_are_computed_at_stride_1(native: kiln.driver.Execut
         padded = allocs.get("xpad") or allocs.get("xplane")
         if name and padded:
             phases[f.params[0].shape[1:]] = (padded.shape[-3], "packed" in allocs)
-    narrow = {CASES[0]["x"][1:]: False, POOLS[2]["x"][1:]: lanes >= 16}
+    narrow = {CASES[0]["x"][1:]: False, CASES[NARROW]["x"][1:]: lanes >= 8,
+              POOLS[2]["x"][1:]: lanes >= 16}
     for image, computed_at_stride_1 in narrow.items():
         assert phases[image] == ((1, True) if computed_at_stride_1 else (2, False))
 

@@ -13,7 +13,9 @@ them in place (attribute `words_input`). FuseOps then joins `bf16_words` to the 
 (`words_tail`): the producer's tiles round their outputs, after the epilogue in
 float32, straight into the words (kiln.kernels.conv.bf16_words), and the float32 tensor
 and the conversion passes are gone. A `channel_scale_nchwc` producer (DenseNet's
-pre-activation BatchNorm and ReLU) stores them likewise (kiln.kernels.conv.channel_scale).
+pre-activation BatchNorm and ReLU) and a `conv2d_nchwc_depthwise` (MobileNetV2's depthwise
+layers, read by their projection) store them likewise (kiln.kernels.conv.channel_scale,
+kiln.kernels.conv.nchwc_depthwise).
 The words are the ones each reader's conversion would write, so the outputs are the same
 bit for bit.
 
@@ -53,12 +55,13 @@ from kiln.ops.conv_bf16 import (
     word_block,
 )
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
+from kiln.ops.conv_nchwc_depthwise import NCHWC_DEPTHWISE
 from kiln.ops.pool_nchwc import POOL_NCHWC
 from kiln.target.isa import ISA
 from kiln.transform.fuse_rule import MAX_FUSED_OPS, chain
 
 #: The ops whose kernels may store their readers' words in place of their float32 value.
-_WORD_HEADS = (CONV_BF16, CHANNEL_SCALE, POOL_NCHWC)
+_WORD_HEADS = (CONV_BF16, CHANNEL_SCALE, POOL_NCHWC, NCHWC_DEPTHWISE)
 
 
 def _blocked(t: object, block: int) -> bool:
@@ -96,7 +99,8 @@ def _stores_words(call: g.Call, block: int) -> bool:
     """`stores_words`, or a `channel_scale_nchwc` (DenseNet's pre-activation BatchNorm,
     whose kernel stores words as it scales: kiln.kernels.conv.channel_scale) or a
     `pool2d_nchwc` (SqueezeNet's pools before a squeeze layer: kiln.kernels.pool.nchwc)
-    of an even count of blocks."""
+    or a `conv2d_nchwc_depthwise` (MobileNetV2's, before its projection:
+    kiln.kernels.conv.nchwc_depthwise) of an even count of blocks."""
     return stores_words(call, block) or (call.op in _WORD_HEADS[1:]
                                          and _blocked(call.ret_type, block))
 
@@ -105,8 +109,8 @@ def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
               block: int) -> bool:
     """Whether binding `k`'s value is the last of a FuseOps group (kiln.transform.fuse_rule:
     its head's epilogue of elementwise ops; room left for the words) whose head may store
-    words: a bfloat16 convolution, DenseNet's pre-activation channel scale or a pool. The
-    group's kernel then stores them."""
+    words: a bfloat16 convolution, DenseNet's pre-activation channel scale, a pool or a
+    depthwise layer. The group's kernel then stores them."""
     for head in _WORD_HEADS:
         j = chain(bindings, k, uses, head, MAX_FUSED_OPS - 1)
         if j is not None:
@@ -196,7 +200,7 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
 
 def words_tail(group: list[g.Binding], value: g.Expr) -> bool:
     """Whether `value` is the `bf16_words` of `group`'s last value and `group` a bfloat16
-    convolution's, a channel scale's or a pool's (the kernel stores the words: FuseOps
+    convolution's, a channel scale's, a pool's or a depthwise layer's (the kernel stores the words: FuseOps
     joins it to the group)."""
     first = group[0].value
     return (isinstance(value, g.Call) and value.op == BF16_WORDS

@@ -27,7 +27,9 @@ A second input runs Whisper's front: two Conv1d layers
 a third one of ShuffleNet's grouped 1x1 layers and its channel shuffle
 (`conv2d_group_gemm` in bfloat16, stored shuffled: kiln.kernels.conv.grouped_bf16).
 A fourth input runs a bottleneck twice (`_bottlenecks`): once with each layer storing the
-next one's bfloat16 words (kiln.transform.bf16_words), once converting float32 values.
+next one's bfloat16 words (kiln.transform.bf16_words), once converting float32 values;
+and a bottleneck with depthwise layers twice (`_depthwise_bottlenecks`): once with each
+depthwise layer storing the next convolution's words, once converting float32 values.
 The host must have AVX512-BF16 (the test machine, an AMD EPYC Zen 5, has it); elsewhere
 the run test skips.
 """
@@ -66,7 +68,7 @@ from support.reference import onnxruntime_outputs
 
 RNG = np.random.default_rng(63)
 TOL = 1e-2  # against float32 (see the module docstring)
-CONVS = 17
+CONVS = 21  # kernels: the bottlenecks share their first 1x1 layer's
 
 
 def _weight(*shape: int) -> np.ndarray:
@@ -112,11 +114,11 @@ def _model() -> Any:
     y = b.op("Reshape", y, b.const(np.array([1, 111, 7, 7], np.int64)))
     b.node("Add", [y, g], ["g_out"])
     b.output("g_out", (1, 111, 7, 7))
-    _bottlenecks(b)
+    _depthwise_bottlenecks(b, _bottlenecks(b))
     return b.model()
 
 
-def _bottlenecks(b: GraphBuilder) -> None:
+def _bottlenecks(b: GraphBuilder) -> Any:
     """A bottleneck twice over the same weights: a 1x1 layer and ReLU, a 3x3 layer with
     pads (1, 0, 1, 2) and ReLU, concatenated with a 1x1 layer and ReLU on the input and
     its 3x3 max pool, a 1x1 layer. In the first (output `words`) each value between
@@ -138,6 +140,33 @@ def _bottlenecks(b: GraphBuilder) -> None:
         b.output(name, (1, 32, 6, 7))
     for value, name, shape in ((y, "y", (1, 32, 6, 7)), (z, "z", (1, 32, 6, 7)),
                                (pooled, "pooled", (1, 32, 6, 7))):
+        b.node("Identity", [value], [name])
+        b.output(name, shape)
+    return x
+
+
+def _depthwise_bottlenecks(b: GraphBuilder, x: Any) -> None:
+    """A bottleneck twice over the same weights on `x`: a 1x1 layer and ReLU, a depthwise
+    3x3 layer, a 3x3 layer with pads (1, 0, 2, 1) and ReLU, a depthwise 3x3 layer with bias
+    and ReLU6, a 1x1 layer. In the first (output `dwords`) each value between layers is
+    read by the next layer only: each depthwise layer stores the next convolution's words
+    (kiln.transform.bf16_words: into the 3x3 layer's border, then as one row of positions,
+    as MobileNetV2's before their projections); in the second (`dfloats`) each is also a
+    result, so stays float32 and is converted by the layer reading it."""
+    w1, b1, d1, w2, b2, d2, bd, w3 = (
+        b.const(_weight(32, 32, 1, 1)), b.const(_weight(32)), b.const(_weight(32, 1, 3, 3)),
+        b.const(_weight(32, 32, 3, 3)), b.const(_weight(32)), b.const(_weight(32, 1, 3, 3)),
+        b.const(_weight(32)), b.const(_weight(32, 32, 1, 1)))
+    six = (b.const(np.float32(0.0)), b.const(np.float32(6.0)))
+    for name in ("dwords", "dfloats"):
+        y = b.op("Relu", b.op("Conv", x, w1, b1))
+        d = b.op("Conv", y, d1, pads=[1, 1, 1, 1], group=32)
+        z = b.op("Relu", b.op("Conv", d, w2, b2, pads=[1, 0, 2, 1]))
+        e = b.op("Clip", b.op("Conv", z, d2, bd, pads=[1, 1, 1, 1], group=32), *six)
+        b.node("Conv", [e, w3], [name])
+        b.output(name, (1, 32, 7, 6))
+    for value, name, shape in ((y, "dy", (1, 32, 6, 7)), (d, "d", (1, 32, 6, 7)),
+                               (z, "dz", (1, 32, 7, 6)), (e, "e", (1, 32, 7, 6))):
         b.node("Identity", [value], [name])
         b.output(name, shape)
 
@@ -192,15 +221,16 @@ def test_every_layer_runs_in_bfloat16(built: Any) -> None:
                            and s.value.name == t.PREFETCH_INTRINSIC
                            for s in iter_stmts(f.body))]
     assert len(prefetching) == 1, prefetching
-    # five 1x1 stride-1 layers of one channel tile convert their input in their tiles
-    # (one the kernel of both `_bottlenecks`' layers before the pool), four layers read
-    # the words their producer stored (the 3x3 layer to 256 channels, the 1x1 layer to
-    # 24 and two of `_bottlenecks`'), the others convert into a workspace first
+    # the 1x1 stride-1 kernels of one channel tile convert their input in their tiles
+    # (one the kernel of both bottlenecks' first layers), the layers reading the words
+    # their producer stored (the 3x3 layer to 256 channels, the 1x1 layer to 24, two of
+    # `_bottlenecks`' and two of `_depthwise_bottlenecks`') read them in place, the
+    # others convert into a workspace first
     staged = [name for name, f in ex.ir.prim_funcs().items()
               if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc_bf16"
               and not any(isinstance(s, t.Allocate) and s.buffer.name == "xbf16"
                           for s in iter_stmts(f.body))]
-    assert len(staged) == 9, staged
+    assert len(staged) == 12, staged
     # the 7x7 layer's weight: 3 channels x 7 rows x 4 words of column pairs (`row_taps`)
     assert any(isinstance(p, t.Buffer) and tuple(p.shape)[1:4] == (3, 7, 4)
                for f in ex.ir.prim_funcs().values() for p in f.params)
@@ -352,16 +382,21 @@ def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
 def test_stored_words_match_converted_input(built: Any) -> None:
     """A layer reading the words its producer stored gives the outputs of one converting
     its float32 input itself, bit for bit (the same rounding; both match float32
-    onnxruntime: `test_bf16_conv_matches_float32`). Six kernels store words: the 3x3
+    onnxruntime: `test_bf16_conv_matches_float32`). Seven kernels store words: the 3x3
     layer to 64 channels with its residual add (for the 3x3 layer to 256), that layer's
-    (for the 1x1 layer to 24), and the first bottleneck's three (the 3x3 layer and the
-    pool into a concat)."""
+    (for the 1x1 layer to 24), the first bottleneck's three (the 3x3 layer and the pool
+    into a concat) and the first depthwise bottleneck's two depthwise layers (for its
+    padded 3x3 layer and its last 1x1 layer)."""
     ex, _ = built
-    assert sum("bf16_words" in name for name in ex.ir.functions) == 5
+    assert sum("bf16_words" in name for name in ex.ir.functions) == 7
     assert "fused_pool2d_nchwc_bf16_words" in ex.ir.functions
+    assert sum(name.startswith("fused_conv2d_nchwc_depthwise") and "bf16_words" in name
+               for name in ex.ir.functions) == 2
     r = RNG.standard_normal((1, 32, 6, 7)).astype(np.float32)
     inputs = [np.zeros((1, 3, 13, 11), np.float32), np.zeros((1, 20, 9), np.float32),
               np.zeros((1, 111, 7, 7), np.float32), r]
-    words, floats = (np.asarray(v) for v in ex["main"](*inputs)[3:5])
-    np.testing.assert_array_equal(words, floats)
-    assert np.abs(words).max() > 0
+    outputs = ex["main"](*inputs)
+    for pair in (outputs[3:5], outputs[8:10]):  # `words`, `floats`; `dwords`, `dfloats`
+        words, floats = (np.asarray(v) for v in pair)
+        np.testing.assert_array_equal(words, floats)
+        assert np.abs(words).max() > 0

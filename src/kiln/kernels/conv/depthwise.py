@@ -104,7 +104,7 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
     if vectors:
         return flat_plane_body(shape, x, w, out, vectors, lanes, epilogue, fused)
     return window_body(shape, x, out, tile_w, lanes, registers, tap, as_expr(0.0, x.dtype),
-                       epilogue, l2_bytes)
+                       epilogue, l2_bytes, channel_blocks=True)
 
 
 CONV_DEPTHWISE = DepthwiseConv("conv_depthwise", "conv2d_depthwise", ("conv2d",), 0)

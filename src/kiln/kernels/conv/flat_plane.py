@@ -36,7 +36,7 @@ def flat_plane_vectors(shape: ConvShape, lanes: int, registers: int) -> int:
     (beside an input vector and a weight), one the flat plane saves fewer than a quarter
     of the row tiles' vectors on, or channels that split into no block."""
     if shape.symbolic_image or shape.stride != (1, 1) or 2 * shape.out_w > lanes \
-            or not _block(shape):
+            or not channel_block(shape):
         return 0
     vectors = -(-shape.out_h * _pitch(shape) // lanes)
     rows = shape.out_h * -(-shape.out_w // lanes)
@@ -48,7 +48,7 @@ def _pitch(shape: ConvShape) -> int:
     return shape.w + max(shape.pads[1], shape.pads[3])
 
 
-def _block(shape: ConvShape) -> int:
+def channel_block(shape: ConvShape) -> int:
     """Channels per block: the largest divisor of the channels up to `FLAT_BLOCK`, or 0
     when it is under `FLAT_BLOCK_MIN`."""
     block = max(d for d in range(1, FLAT_BLOCK + 1) if shape.c_in % d == 0)
@@ -59,7 +59,7 @@ def flat_plane_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, vectors
                     lanes: int, epilogue: Epilogue, fused: bool) -> Stmt:
     """The loop nest of a depthwise convolution (OIHW weight `w`) over flattened planes
     of `vectors` vectors each (`flat_plane_vectors`); see the module docstring."""
-    pitch, top, left, block = _pitch(shape), shape.pads[0], shape.pads[1], _block(shape)
+    pitch, top, left, block = _pitch(shape), shape.pads[0], shape.pads[1], channel_block(shape)
     dh, dw = shape.dilation
     span = vectors * lanes
     # the last vector's farthest tap, rounded up to whole vectors for the zero fill

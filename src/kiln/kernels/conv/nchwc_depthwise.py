@@ -9,6 +9,13 @@ window row outside the image is skipped by a test per (row, kh), and the columns
 window leaves the image (at most `pad / stride` on each side) are one-position tiles
 that leave the missing taps out, so the tiles between them run without tests. The
 tiles of a row (rows of all blocks and images) form one parallel loop.
+
+Where the output is read only as a bfloat16 convolution's words (`bf16_words` ends the
+group, kiln.transform.bf16_words: MobileNetV2's depthwise layers before their
+projections), a tile sums both blocks of a pair and rounds lane `v` of the two into one
+int32 word (`bf16_pair`), after the epilogue in float32, as the consumer's own
+conversion would: the float32 tensor and that pass are gone, and the layer writes half
+the bytes.
 """
 
 from __future__ import annotations
@@ -31,11 +38,14 @@ from kiln.ir.tensor import (
     select,
     seq,
 )
+from kiln.kernels.conv.bf16_words import zero_border
 from kiln.kernels.epilogue import fused_store
+from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
 from kiln.kernels.tiles import const as _c
 from kiln.kernels.tiles import loop as _loop
 from kiln.ops import layout, te
+from kiln.ops.conv_bf16 import WordsSource, words_shape, words_source
 from kiln.ops.conv_geometry import ConvShape, conv_shape
 from kiln.ops.packed_attrs import recorded_tile
 from kiln.target.isa import ISA
@@ -79,16 +89,25 @@ def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
     block = int(x.shape[4])
     shape = conv_geometry(x.shape, attrs, (int(wp.shape[1]), int(wp.shape[2])))
     out_shape = layout.block_shape((shape.n, shape.c_out, shape.out_h, shape.out_w), block)
+    words = words_source(result) if result is not None else None
+    if words is not None:  # the consumers' words (kiln.transform.bf16_words)
+        if int(out_shape[1]) % 2:
+            return None
+        result = None if words.tensor is anchor else words.tensor
     store = fused_store(params, anchor, result, out_shape)
     if store is None:
         return None
+    out = store.out if words is None else Buffer(
+        "out", words_shape(out_shape, words.pads, words.flat), "int32")
     tile = recorded_tile(attrs, 1, "conv2d_nchwc_depthwise")
     tile_w = tile[0] if tile else choose_tile_width(shape, isa)
     stmt = parallel_when(lambda: nest(
         shape, block, store.buffers[x], store.buffers[wp],
-        None if bias is None else store.buffers[bias], store.out, tile_w, store.epilogue,
-        isa.fma), shape.n * shape.c_in * shape.out_h * shape.out_w * shape.kh * shape.kw, isa=isa)
-    return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
+        None if bias is None else store.buffers[bias], out, tile_w, store.epilogue,
+        isa.fma, words), shape.n * shape.c_in * shape.out_h * shape.out_w * shape.kh * shape.kw,
+        isa=isa)
+    border = [] if words is None else zero_border(out, words.pads)
+    return PrimFunc((*(store.buffers[t] for t in params), out), seq(*border, stmt),
                     {ATTR_CONV_KERNEL: "conv2d_nchwc_depthwise"})
 
 
@@ -117,23 +136,27 @@ class NchwcDepthwise:
 NCHWC_DEPTHWISE = NchwcDepthwise()
 
 
-def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None,
-         out: Buffer, tile_w: int, epilogue: Epilogue, fused: bool) -> Stmt:
-    """The loop nest (see the module docstring): `x` `[N][C/b][H][W][b]`, `w`
-    `[C/b][kh][kw][b]`, `bias` `[C/b * b]` or None, `out` `[N][C/b][OH][OW][b]`."""
-    sh, sw = shape.stride
-    dh, dw = shape.dilation
-    top, left = shape.pads[0], shape.pads[1]
-    blocks = -(-shape.c_in // block)
-    dtype = x.dtype
-    lo, hi = inner_columns(shape)
+@dataclass(frozen=True)
+class TileSums:
+    """The sums of a tile of one channel block: `x` `[N][C/b][H][W][b]`, `w`
+    `[C/b][kh][kw][b]`, `bias` `[C/b * b]` or None (`nest`'s buffers)."""
 
-    def taps(ow: int) -> list[int]:
-        """The kw whose input column lies inside the image for output column `ow`."""
-        return [k for k in range(shape.kw) if 0 <= ow * sw - left + k * dw < shape.w]
+    shape: ConvShape
+    block: int
+    x: Buffer
+    w: Buffer
+    bias: Buffer | None
+    fused: bool
 
-    def tile(n: PrimExpr, cb: PrimExpr, oh: PrimExpr, ow0: PrimExpr,
-             kws: list[list[int]]) -> Stmt:
+    def __call__(self, n: PrimExpr, cb: PrimExpr, oh: PrimExpr, ow0: PrimExpr,
+                 kws: list[list[int]], stage: Buffer) -> Stmt:
+        """The sums of block `cb` at output row `oh`, columns `ow0 + t` for `t` of
+        `kws` (each column's taps kw), copied into `stage`."""
+        shape, block, x, w, bias = self.shape, self.block, self.x, self.w, self.bias
+        sh, sw = shape.stride
+        dh, dw = shape.dilation
+        top, left = shape.pads[0], shape.pads[1]
+        dtype = x.dtype
         width = len(kws)
         acc = Buffer("acc", (width, block), dtype, "local")
         start = lanes_loop("v", block, lambda v: seq(*(
@@ -152,7 +175,7 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
                     wv = w[cb, kh, _c(kw), v]
                     return seq(*(Store(acc, madd(
                         acc[_c(t), v], x[n, cb, ih, (ow0 + t) * sw + (kw * dw - left), v],
-                        wv, fused), (_c(t), v)) for t in ts))
+                        wv, self.fused), (_c(t), v)) for t in ts))
 
                 steps.append(lanes_loop("v", block, lane))
             body = seq(*steps)
@@ -163,22 +186,65 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
         rows = _loop("kh", shape.kh, window_row) if shape.kh > 1 else window_row(_c(0))
         # The accumulators are staged (constant rows: they stay registers) and stored
         # through the epilogue by one loop: one copy of the epilogue's code per tile.
-        stage = Buffer("stage", (width, block), dtype, "local")
         copy = lanes_loop("v", block, lambda v: seq(*(
             Store(stage, acc[_c(t), v], (_c(t), v)) for t in range(width))))
+        return seq(Allocate(acc), start, rows, Allocate(stage), copy)
 
-        def put(j: PrimExpr) -> Stmt:
-            def lane(v: PrimExpr) -> Stmt:
-                idx = (n, cb, oh, ow0 + j, v)
-                value = epilogue(stage[j, v], idx)
-                if shape.c_in % block:  # the last block's padding channels stay zero
-                    value = select(cb * block + v < shape.c_in, value, as_expr(0.0, dtype))
-                return Store(out, value, idx)
 
-            return lanes_loop("v", block, lane)
+def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None,
+         out: Buffer, tile_w: int, epilogue: Epilogue, fused: bool,
+         words: WordsSource | None = None) -> Stmt:
+    """The loop nest (see the module docstring): `x` `[N][C/b][H][W][b]`, `w`
+    `[C/b][kh][kw][b]`, `bias` `[C/b * b]` or None, `out` `[N][C/b][OH][OW][b]`, or
+    the words `words` describes (`[N][C/2b][rows][cols][b]` or `[N][C/2b][OH * OW][b]`:
+    a tile then sums both blocks of a pair)."""
+    sw, dw, left = shape.stride[1], shape.dilation[1], shape.pads[1]
+    blocks = -(-shape.c_in // block)
+    dtype = x.dtype
+    lo, hi = inner_columns(shape)
+    sums = TileSums(shape, block, x, w, bias, fused)
 
-        stores = _loop("j", width, put) if width > 1 else put(_c(0))
-        return seq(Allocate(acc), start, rows, Allocate(stage), copy, stores)
+    def taps(ow: int) -> list[int]:
+        """The kw whose input column lies inside the image for output column `ow`."""
+        return [k for k in range(shape.kw) if 0 <= ow * sw - left + k * dw < shape.w]
+
+    def value(stage: Buffer, idx: tuple[PrimExpr, ...], j: PrimExpr) -> PrimExpr:
+        """Output `idx` (`[n][cb][oh][ow][v]`), staged at `stage[j, v]`, through the
+        epilogue."""
+        cb, v = idx[1], idx[4]
+        out_value = epilogue(stage[j, v], idx)
+        if shape.c_in % block:  # the last block's padding channels stay zero
+            out_value = select(cb * block + v < shape.c_in, out_value, as_expr(0.0, dtype))
+        return out_value
+
+    def tile(n: PrimExpr, cb: PrimExpr, oh: PrimExpr, ow0: PrimExpr,
+             kws: list[list[int]]) -> Stmt:
+        width = len(kws)
+        stage = Buffer("stage", (width, block), dtype, "local")
+        if words is None:
+            def put(j: PrimExpr) -> Stmt:
+                def lane(v: PrimExpr) -> Stmt:
+                    idx = (n, cb, oh, ow0 + j, v)
+                    return Store(out, value(stage, idx, j), idx)
+
+                return lanes_loop("v", block, lane)
+
+            body = sums(n, cb, oh, ow0, kws, stage)
+        else:  # `cb` is a pair of blocks: lane `v` of both rounded into one word
+            upper = Buffer("stage", (width, block), dtype, "local")
+            w_top, w_left = words.pads[:2]
+
+            def put(j: PrimExpr) -> Stmt:
+                ow = ow0 + j
+                at = ((n, cb, oh * shape.out_w + ow) if words.flat
+                      else (n, cb, oh + w_top, ow + w_left))
+                return lanes_loop("v", block, lambda v: Store(out, bf16_word(
+                    value(stage, (n, 2 * cb, oh, ow, v), j),
+                    value(upper, (n, 2 * cb + 1, oh, ow, v), j)), (*at, v)))
+
+            body = seq(sums(n, 2 * cb, oh, ow0, kws, stage),
+                       sums(n, 2 * cb + 1, oh, ow0, kws, upper))
+        return seq(body, _loop("j", width, put) if width > 1 else put(_c(0)))
 
     def row(n: PrimExpr, cb: PrimExpr, oh: PrimExpr) -> Stmt:
         parts: list[Stmt] = [tile(n, cb, oh, _c(ow), [taps(ow)]) for ow in range(lo)]
@@ -193,4 +259,4 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
         parts += [tile(n, cb, oh, _c(ow), [taps(ow)]) for ow in range(max(hi, lo), shape.out_w)]
         return seq(*parts)
 
-    return parallel_tiles((shape.n, blocks, shape.out_h), row)
+    return parallel_tiles((shape.n, blocks if words is None else blocks // 2, shape.out_h), row)

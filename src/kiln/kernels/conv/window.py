@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from kiln.ir.dtype import itemsize
 from kiln.ir.tensor import Allocate, Buffer, LetStmt, PrimExpr, Stmt, Store, Var, seq
+from kiln.kernels.conv.flat_plane import channel_block
 from kiln.kernels.conv.padding import (
     PhaseReader,
     needs_padding,
@@ -69,15 +70,21 @@ class WindowSchedule:
     lanes: int
     rows: int
     local: bool
+    #: channels padded onto the stack together before any of their tiles (`local`), so
+    #: that a tile reads its plane several channels' stores after them
+    channels: int = 1
 
 
 def window_schedule(shape: ConvShape, dtype: str, tile_w: int, lanes: int, registers: int,
-                    l2_bytes: int = 0, compacted: bool = False) -> WindowSchedule:
+                    l2_bytes: int = 0, compacted: bool = False,
+                    channel_blocks: bool = False) -> WindowSchedule:
     """The rule's schedule of a window kernel with tiles `tile_w` columns wide: as many
     rows as `depthwise_tile_rows` gives, and a padded stride-1 input larger than the L2
     (`l2_bytes`, 0: never) padded channel by channel on the stack, as is that of a
     strided kernel's rows of more than one vector computed at stride 1 (`compacted`:
-    `shape` is then that stride-1 geometry, `compacted_columns`)."""
+    `shape` is then that stride-1 geometry, `compacted_columns`). With `channel_blocks`,
+    rows of one vector (at stride 1 or computed so) are padded on the stack too, in blocks
+    of channels (`channel_block`)."""
     sw = shape.stride[1]
     plane = padded_plane_dims(shape, sw)
     # Stride 1, a padded input larger than the L2 (`l2_bytes`, 0: never): each channel
@@ -92,8 +99,15 @@ def window_schedule(shape: ConvShape, dtype: str, tile_w: int, lanes: int, regis
     local = sw == 1 and needs_padding(shape, sw) and plane_bytes <= WINDOW_PLANE_BYTES \
         and ((compacted and shape.out_w > lanes)
              or shape.c_in * plane_bytes > l2_bytes > 0)  # one image's (the batch may vary)
-    return WindowSchedule(tile_w, lanes, depthwise_tile_rows(shape, tile_w, lanes, registers),
-                          local)
+    rows = depthwise_tile_rows(shape, tile_w, lanes, registers)
+    # A block of planes, all stored before the first tile reads its own, also takes the
+    # rows of one vector off the workspace (a serial pass ahead of the channels' loop).
+    narrow = channel_blocks and shape.out_w <= lanes and not local
+    block = channel_block(shape) if narrow else 0
+    if block and sw == 1 and needs_padding(shape, sw) \
+            and block * plane_bytes <= WINDOW_PLANE_BYTES:
+        return WindowSchedule(tile_w, lanes, rows, True, block)
+    return WindowSchedule(tile_w, lanes, rows, local)
 
 
 def compacted_columns(shape: ConvShape, lanes: int) -> bool:
@@ -129,7 +143,7 @@ def whole_vector_rows(shape: ConvShape, lanes: int) -> ConvShape | None:
 
 def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: int,
                 registers: int, tap: Tap, init: PrimExpr, epilogue: Epilogue,
-                l2_bytes: int = 0) -> Stmt:
+                l2_bytes: int = 0, channel_blocks: bool = False) -> Stmt:
     """The loop nest of a per-channel window kernel (a depthwise convolution, a 2-D
     pooling) over the NCHW input `x`: each output is `init` combined with `tap` over its
     `kh x kw` window of the input padded with zeros, then stored
@@ -147,7 +161,8 @@ def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: in
     (`window_schedule`). A strided kernel over narrow rows (`compacted_columns`)
     computes its rows at stride 1 and stores every `stride`-th column; others read the
     input split by column phase. Padded rows of at most two vectors are one tile each,
-    widened to whole vectors (`whole_vector_rows`; `tile_w` unused)."""
+    widened to whole vectors (`whole_vector_rows`; `tile_w` unused). `channel_blocks`:
+    see `window_schedule`."""
     keep = shape.stride[1] if compacted_columns(shape, lanes) else 1
     if keep > 1:
         shape = stride1_columns(shape)
@@ -156,8 +171,11 @@ def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: in
     if rows is not None:
         shape, tile_w = rows, rows.out_w
     whole = rows is not None
-    schedule = window_schedule(shape, x.dtype, tile_w, lanes, registers, l2_bytes, keep > 1)
+    schedule = window_schedule(shape, x.dtype, tile_w, lanes, registers, l2_bytes, keep > 1,
+                               channel_blocks)
     sw = shape.stride[1]
+    if schedule.channels > 1:
+        return _blocked_planes(shape, x, out, schedule, tap, init, epilogue, keep, whole)
     if schedule.local:
         xplane = Buffer("xplane", padded_plane_dims(shape, sw), x.dtype, "local")
         fill_plane = plane_fill(x, shape, sw, None, 0,
@@ -173,6 +191,26 @@ def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: in
     window = _Window(shape, out, schedule, tap, init, epilogue, xp, x.dtype, keep, whole)
     return seq(*prologue, _nest(("n", "c"), (shape.n, shape.c_in),
                                 lambda n, c: seq(*_channel(window, n, c))))
+
+
+def _blocked_planes(shape: ConvShape, x: Buffer, out: Buffer, schedule: WindowSchedule,
+                    tap: Tap, init: PrimExpr, epilogue: Epilogue, keep: int, whole: bool
+                    ) -> Stmt:
+    """`window_body` over blocks of `schedule.channels` channels, each block's padded
+    planes stored onto the stack before its tiles."""
+    block, sw = schedule.channels, shape.stride[1]
+    xplane = Buffer("xplane", (block, *padded_plane_dims(shape, sw)), x.dtype, "local")
+
+    def planes(n: PrimExpr, b: PrimExpr) -> Stmt:
+        base = b * block
+        fill = plane_fill(x, shape, sw, None, 0,
+                          lambda n, c, p, i, q: (c - base, _c(p), i, q), xplane)
+        window = _Window(shape, out, schedule, tap, init, epilogue,
+                         lambda n, c, i, p, q: xplane[c - base, p, i, q], x.dtype, keep, whole)
+        return seq(Allocate(xplane), _loop("k", block, lambda k: fill(n, base + k)),
+                   _loop("k", block, lambda k: seq(*_channel(window, n, base + k))))
+
+    return seq(_nest(("n", "b"), (shape.n, shape.c_in // block), planes))
 
 
 @dataclass(frozen=True)
