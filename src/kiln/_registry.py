@@ -76,9 +76,10 @@ class Registry(Generic[T]):
         if name in self._entries:
             return self._entries[name]
         if name in self._lazy:
-            loader = self._lazy.pop(name)
-            entry: T = _resolve(loader)
+            # a loader that fails (a missing package) stays, to fail the same way again
+            entry: T = _resolve(self._lazy[name])
             self._entries[name] = entry
+            del self._lazy[name]
             return entry
         names = self.names()
         raise RegistryError(
