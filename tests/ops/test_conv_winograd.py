@@ -186,11 +186,11 @@ def test_the_rule_takes_winograd_unless_the_target_opts_out(kind: str, h: int) -
     default = kiln.Target("c") if kind == "c" else kiln.Target.from_host()
     m = 4 if (h // 4) ** 2 >= tile_lanes(isa_for(default)) // 2 else 2
     assert opted.attrs["winograd"] is True and plain.attrs["winograd"] is False
-    assert [s.family for s in discover(model, default)] == \
-        [s.family for s in discover(model, opted)]
+    sites = discover(model, opted)
+    assert [s.family for s in discover(model, default)] == [s.family for s in sites]
     # the rule's family and tile per distinct convolution, as tuning records them
     rule = [(s.family, s.default["tile"][0] if s.family == "conv_winograd" else None)
-            for s in discover(model, opted)]
+            for s in sites]
     assert rule[0] == ("conv_winograd", m) and len(rule) == 3, rule
     assert all(f != "conv_winograd" for f, _m in rule[1:]), rule
     assert all(s.family != "conv_winograd" for s in discover(model, plain))

@@ -54,7 +54,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir.tensor import BF16_PAIR, Const, Intrin, PrimExpr, as_expr, min_, reinterpret, select
 from kiln.ir.types import TensorType, Type
-from kiln.ops import layout, spatial, te
+from kiln.ops import layout, pack_memory, spatial, te
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
 from kiln.ops.conv_geometry import ConvShape, conv_shape
 from kiln.ops.gemm_bf16 import bf16_round
@@ -96,12 +96,12 @@ def pack_row_taps(w: np.ndarray, cb: int) -> np.ndarray:
     pairing kernel columns `2m` (low half) and `2m + 1` (high half; zero past `kw`)."""
     co, ci, kh, kw = w.shape
     blocks, half = -(-co // cb), -(-kw // 2)
-    full = np.zeros((blocks * cb, ci, kh, 2 * half), dtype=np.float32)
+    full = pack_memory.zeros((blocks * cb, ci, kh, 2 * half), np.float32)
     full[:co, :, :, :kw] = bf16_round(w)
     bits = full.view(np.uint32)
     words = (bits[..., 0::2] >> 16) | (bits[..., 1::2] & 0xFFFF0000)
     words = words.reshape(blocks, cb, ci, kh, half).transpose(0, 2, 3, 4, 1)
-    return np.ascontiguousarray(words).view(np.int32)
+    return pack_memory.copy_of(words).view(np.int32)
 
 
 def unpack_row_taps(wp: np.ndarray, c_out: int, kw: int) -> np.ndarray:
@@ -138,13 +138,13 @@ def pack_conv_bf16(w: np.ndarray, cb: int, block: int) -> np.ndarray:
     co, ci, kh, kw = w.shape
     block = word_block(ci, block)
     blocks, pairs = -(-co // cb), pair_blocks(ci, block)
-    full = np.zeros((blocks * cb, 2 * pairs * block, kh, kw), dtype=np.float32)
+    full = pack_memory.zeros((blocks * cb, 2 * pairs * block, kh, kw), np.float32)
     full[:co, :ci] = bf16_round(w)
     bits = full.view(np.uint32).reshape(blocks, cb, pairs, 2, block, kh, kw)
     words = (bits[:, :, :, 0] >> 16) | (bits[:, :, :, 1] & 0xFFFF0000)
     # [blocks][cb][pairs][block][kh][kw] -> [blocks][pairs * block][kh][kw][cb]
     words = words.transpose(0, 2, 3, 4, 5, 1).reshape(blocks, pairs * block, kh, kw, cb)
-    return np.ascontiguousarray(words).view(np.int32)
+    return pack_memory.copy_of(words).view(np.int32)
 
 
 def unpack_conv_bf16(wp: np.ndarray, c_out: int, c_in: int, block: int) -> np.ndarray:

@@ -33,7 +33,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir.tensor import PrimExpr
 from kiln.ir.types import TensorType, Type
-from kiln.ops import te
+from kiln.ops import pack_memory, te
 from kiln.ops.nn import matmul_compute, matmul_infer, matmul_ref
 from kiln.ops.packed_attrs import checking_tile, recorded_tile
 from kiln.ops.registry import OPS, OpDef
@@ -53,7 +53,7 @@ def pack_b(b: np.ndarray, nr: int) -> np.ndarray:
     panels, full = -(-n // nr), n // nr
     # Written in place: one array the size of the result, no padded or transposed
     # temporary (a multi-GiB weight costs one extra copy while compiling, not two).
-    out = np.empty((panels, k, nr), dtype=b.dtype)
+    out = pack_memory.empty((panels, k, nr), b.dtype)
     out[:full] = b[:, :full * nr].reshape(k, full, nr).transpose(1, 0, 2)
     if full < panels:
         out[full] = 0

@@ -25,7 +25,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir.tensor import Const, PrimExpr, reinterpret, select
 from kiln.ir.types import TensorType, Type
-from kiln.ops import te
+from kiln.ops import pack_memory, te
 from kiln.ops.nn import matmul_compute, matmul_infer, matmul_ref
 from kiln.ops.packed_attrs import checking_tile, recorded_tile
 from kiln.ops.registry import OPS, OpDef
@@ -74,7 +74,7 @@ def pack_b_bf16(b: np.ndarray, nr: int) -> np.ndarray:
     takes it without a copy)."""
     k, n = b.shape
     panels, kp = -(-n // nr), padded_k(k)
-    out = np.empty((panels, kp // 2, nr), dtype=np.uint32)
+    out = pack_memory.empty((panels, kp // 2, nr), np.uint32)
     if b.T.flags.c_contiguous and not b.flags.c_contiguous:
         _pack_columns(b.T, out)
         out.flags.writeable = False

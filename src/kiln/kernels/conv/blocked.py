@@ -62,6 +62,7 @@ from kiln.kernels.prefetch import WeightPrefetch
 from kiln.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
 from kiln.kernels.tiles import const as _c
 from kiln.kernels.tiles import loop as _loop
+from kiln.ops import pack_memory
 from kiln.ops.conv_geometry import ConvShape
 from kiln.target.isa import ISA
 
@@ -117,7 +118,7 @@ def pack_blocked_weight(w: np.ndarray, groups: int, cb: int) -> np.ndarray:
     cog = co // groups
     blocks, full = -(-cog // cb), cog // cb
     wg = w.reshape(groups, cog, ci, kh, kw)
-    out = np.empty((groups, blocks, ci, kh, kw, cb), dtype=w.dtype)
+    out = pack_memory.empty((groups, blocks, ci, kh, kw, cb), w.dtype)
     out[:, :full] = wg[:, :full * cb].reshape(groups, full, cb, ci, kh, kw) \
         .transpose(0, 1, 3, 4, 5, 2)
     if full < blocks:

@@ -49,6 +49,7 @@ from kiln.kernels.tiles import (
 )
 from kiln.kernels.tiles import const as _c
 from kiln.kernels.tiles import nest as _nest
+from kiln.ops import pack_memory
 from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.packed_attrs import recorded_tile
 from kiln.target.isa import ISA
@@ -191,9 +192,9 @@ def pack_rows_weight(w: np.ndarray, rows: int = ROW_TILE_CHANNELS) -> np.ndarray
     """OIHW weight -> `[co_block][ci][kh][kw][rows]`, output channels padded with zeros."""
     co, ci, kh, kw = w.shape
     blocks = -(-co // rows)
-    padded = np.zeros((blocks * rows, ci, kh, kw), dtype=w.dtype)
+    padded = pack_memory.zeros((blocks * rows, ci, kh, kw), w.dtype)
     padded[:co] = w
-    return np.ascontiguousarray(
+    return pack_memory.copy_of(
         padded.reshape(blocks, rows, ci, kh, kw).transpose(0, 2, 3, 4, 1))
 
 

@@ -87,6 +87,7 @@ from kiln.kernels.tiles import (
     tile_registers,
     tuned_split,
 )
+from kiln.ops import pack_memory
 from kiln.ops.conv_geometry import ConvShape, conv_call_shape, conv_shape
 from kiln.ops.packed_attrs import recorded_tile
 from kiln.ops.winograd import TILE_SIZES, WINOGRAD, eligible, matrices, tile_of
@@ -122,7 +123,7 @@ def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
     n = o * i
     taps = w.reshape(n, 9)
     kron = np.kron(g, g)
-    u = np.empty((kron.shape[0], n), dtype=w.dtype)
+    u = pack_memory.empty((kron.shape[0], n), w.dtype)
     # In column blocks, each float64 product rounded into `u` at once, instead of a float64
     # array 8x the weight's size (VGG-19: 640 MB of fresh memory). Each column is the same
     # dot product, so the bits are the same.

@@ -78,7 +78,7 @@ from kiln.kernels.tiles import (
     tile_registers,
     tuned_split,
 )
-from kiln.ops import layout
+from kiln.ops import layout, pack_memory
 from kiln.ops.conv_geometry import ConvShape, conv_shape
 from kiln.ops.packed_attrs import TILE, recorded_tile
 from kiln.ops.registry import call as make_call
@@ -94,7 +94,7 @@ def pack_panels(u: np.ndarray, nr: int, dtype: str | None = None) -> np.ndarray:
     `dtype` (rounded to nearest even as it is written) or `u`'s."""
     a2, o, c = u.shape
     panels, full = -(-o // nr), o // nr
-    out = np.empty((a2, panels, c, nr), dtype=dtype or u.dtype)
+    out = pack_memory.empty((a2, panels, c, nr), dtype or u.dtype)
     out[:, :full] = u[:, :full * nr].reshape(a2, full, nr, c).transpose(0, 1, 3, 2)
     if full < panels:
         out[:, full] = 0
