@@ -118,8 +118,8 @@ def padded_words(src: ConvInput, x_zp: Buffer, begins: Sequence[int], ends: Sequ
             word = x[(n, c4, *i)]
             if qw.a_shift(src.words_of):
                 word = word ^ as_expr(_SIGN_BITS, "int32")
-        at: PrimExpr = as_expr(0, "int64")
-        for j in range(rank):
+        at = i[0] + begins[0]  # the place in the plane, row-major
+        for j in range(1, rank):
             at = at * shape[2 + j] + (i[j] + begins[j])
         return Store(planes, word, (n, c4, at))
 
