@@ -17,10 +17,12 @@ from kiln.ir.tensor import (
     Buffer,
     DeclBuffer,
     IfThenElse,
+    LetStmt,
     PrimExpr,
     Select,
     Stmt,
     Store,
+    Var,
     as_expr,
     max_,
     min_,
@@ -102,12 +104,11 @@ def padded_words(src: ConvInput, x_zp: Buffer, begins: Sequence[int], ends: Sequ
     shape = (int(x.shape[0]), src.shape[1] // qw.GROUP,
              *(int(d) + b + e for d, b, e in zip(x.shape[2:], begins, ends)))
     xw = Buffer("x_words4", shape, "int32", "global")
-    statements: list[Stmt] = [Allocate(xw)]
-    if any(begins) or any(ends):
-        flat = Buffer("x_words4_flat", (int(np.prod(shape)),), "int32")
-        zp_word = dot.pack_word(lambda i: qw.a_byte(x_zp[()]))
-        statements += [DeclBuffer(flat, xw, 0), tile_loop(
-            "i", int(np.prod(shape)), lambda i: Store(flat, zp_word, (i,)))]
+
+    # the words stored through one view, each plane flat (a loop splits along c4 only
+    # when every store in it goes to one buffer)
+    plane = int(np.prod(shape[2:]))
+    planes = Buffer("x_words4_planes", (shape[0], shape[1], plane), "int32")
 
     def copy(n: PrimExpr, c4: PrimExpr, *i: PrimExpr) -> Stmt:
         if src.words_of is None:
@@ -117,11 +118,30 @@ def padded_words(src: ConvInput, x_zp: Buffer, begins: Sequence[int], ends: Sequ
             word = x[(n, c4, *i)]
             if qw.a_shift(src.words_of):
                 word = word ^ as_expr(_SIGN_BITS, "int32")
-        return Store(xw, word, (n, c4, *(i[j] + begins[j] for j in range(rank))))
+        at = i[0] + begins[0]  # the place in the plane, row-major
+        for j in range(1, rank):
+            at = at * shape[2 + j] + (i[j] + begins[j])
+        return Store(planes, word, (n, c4, at))
 
-    statements.append(nest(("n", "c4", *(f"i{j}" for j in range(rank))),
-                           [shape[0], shape[1], *(int(d) for d in x.shape[2:])], copy))
-    return xw, seq(*statements)
+    spatial = [int(d) for d in x.shape[2:]]
+    if not any(begins) and not any(ends):
+        return xw, seq(Allocate(xw), DeclBuffer(planes, xw, 0), nest(
+            ("n", "c4", *(f"i{j}" for j in range(rank))), [shape[0], shape[1], *spatial],
+            copy))
+    # plane by plane: the zero point over the plane, then its rows, while the plane is
+    # in the L1 cache, in one loop nest (one hand-off where it is split); the word is
+    # computed once, since packed in the loop it would look to `parallelize` several
+    # times the copy's work
+    zp_word = Var("zp_word", "int32")
+
+    def fill_and_copy(n: PrimExpr, c4: PrimExpr) -> Stmt:
+        fill = tile_loop("i", plane, lambda i: Store(planes, zp_word, (n, c4, i)))
+        return seq(fill, nest(tuple(f"i{j}" for j in range(rank)), spatial,
+                              lambda *i: copy(n, c4, *i)))
+
+    return xw, seq(Allocate(xw), DeclBuffer(planes, xw, 0),
+                   LetStmt(zp_word, dot.pack_word(lambda i: qw.a_byte(x_zp[()]))),
+                   nest(("n", "c4"), shape[:2], fill_and_copy))
 
 
 @dataclass(frozen=True)
