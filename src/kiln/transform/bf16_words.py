@@ -200,8 +200,8 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
 
 def words_tail(group: list[g.Binding], value: g.Expr) -> bool:
     """Whether `value` is the `bf16_words` of `group`'s last value and `group` a bfloat16
-    convolution's, a channel scale's, a pool's or a depthwise layer's (the kernel stores the words: FuseOps
-    joins it to the group)."""
+    convolution's, a channel scale's, a pool's or a depthwise layer's (the kernel stores
+    the words: FuseOps joins it to the group)."""
     first = group[0].value
     return (isinstance(value, g.Call) and value.op == BF16_WORDS
             and value.args[0] is group[-1].var
