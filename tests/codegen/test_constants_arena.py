@@ -13,6 +13,7 @@ import kiln
 from kiln.codegen.constants import CONST_ALIGN, ConstantPool
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
+from kiln.ops import pack_memory
 from kiln.transform import PassContext
 from support.graphs import GraphBuilder
 from support.reference import ort_session
@@ -35,7 +36,11 @@ def _mlp(path: Path) -> np.ndarray:
 
 
 @pytest.mark.parametrize("target", ["llvm", "c"])
-def test_arena_is_the_weight_blob(tmp_path: Path, target: str) -> None:
+def test_arena_is_the_weight_blob(tmp_path: Path, target: str,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # a large model's arena lies on a mapping of small pages (kiln.ops.pack_memory):
+    # map this small one too, so the adoption sees an arena that views a buffer
+    monkeypatch.setattr(pack_memory, "MIN_MAPPED_BYTES", 1)
     x = _mlp(tmp_path / "m.onnx")
     mod = from_onnx(str(tmp_path / "m.onnx"))
     # block-matmuls packs dense weights into new arrays (one copy, like folded BatchNorm);
@@ -46,6 +51,9 @@ def test_arena_is_the_weight_blob(tmp_path: Path, target: str) -> None:
     assert isinstance(consts.content, memoryview) and consts.content.readonly
     weights = [a for f in mod.graph_funcs().values() for b in f.bindings
                for a in getattr(b.value, "args", ()) if isinstance(a, g.Constant)]
+    # views of the arena, an array over the mapping's buffer (not numpy's memory)
+    assert all(isinstance(w.data.base, np.ndarray) and isinstance(w.data.base.base, memoryview)
+               for w in weights)
     blob = np.frombuffer(consts.content, np.uint8)
     assert weights and all(np.shares_memory(blob, w.data) for w in weights)
     want = ort_session(tmp_path / "m.onnx").run(None, {"x": x})[0]

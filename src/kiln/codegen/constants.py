@@ -49,13 +49,15 @@ ARENA_MIN_USE = 0.99
 
 
 def _owner(data: np.ndarray) -> np.ndarray | None:
-    """The array owning `data`'s memory (numpy collapses view chains to it)."""
+    """The outermost array `data` is a view of (numpy collapses view chains to it): the
+    one owning the memory, or one over a buffer (the importer's arena lies on a mapping,
+    kiln.ops.pack_memory); None when `data` is not a view of an array."""
     base = data.base
-    if base is None:
+    if not isinstance(base, np.ndarray):
         return None
-    while isinstance(base, np.ndarray) and base.base is not None:
+    while isinstance(base.base, np.ndarray):
         base = base.base
-    return base if isinstance(base, np.ndarray) else None
+    return base
 
 
 class ConstantPool:

@@ -3,13 +3,15 @@
 A packed weight (a GEMM's B panels, a convolution's blocked weight, a Winograd
 transform) is written once in order and read once or twice in order (by the next
 packing step, the constant pool's hashes, the copy into the library), then dropped;
-large pages save such an array nothing. numpy asks for transparent huge pages for
-every array of 4 MiB or more (`madvise(MADV_HUGEPAGE)`), and on a virtual machine
-whose guest hands its free 2 MiB blocks back to the host (free page reporting), the
-first touch of such a page can cost several times the system time of the same bytes
-in small pages (docs/performance.md, "Compile time, round twenty"). The arrays here
-come from an anonymous private mapping advised `MADV_NOHUGEPAGE`; a mapping is also
-zero already, so `zeros` costs no write.
+large pages save such an array nothing, nor the ONNX importer's arena of weights
+(kiln.frontend.onnx.raw_data) or fold-batchnorm's scaled weights, written once in
+order too. numpy asks for transparent huge pages for every array of 4 MiB or more
+(`madvise(MADV_HUGEPAGE)`), and on a virtual machine whose guest hands its free 2 MiB
+blocks back to the host (free page reporting), the first touch of such a page can
+cost several times the system time of the same bytes in small pages
+(docs/performance.md, "Compile time, round twenty"). The arrays here come from an
+anonymous private mapping advised `MADV_NOHUGEPAGE`; a mapping is also zero already,
+so `zeros` costs no write.
 """
 
 from __future__ import annotations
@@ -54,7 +56,10 @@ def zeros(shape: Sequence[int], dtype: DTypeLike) -> np.ndarray:
 
 
 def copy_of(arr: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of `arr` (a strided view of a packing step) from `empty`."""
+    """A read-only C-contiguous copy of `arr` (a strided view of a packing step) from
+    `empty`: a packer's result, which a graph constant takes without a copy (it copies
+    a writable array, with numpy's memory)."""
     out = empty(arr.shape, arr.dtype)
     out[...] = arr
+    out.flags.writeable = False
     return out

@@ -30,6 +30,7 @@ from kiln.ir import weight_origin as wo
 from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
+from kiln.ops import pack_memory
 from kiln.transform.pass_base import FunctionPass
 
 CONV_OPS = ("conv1d", "conv2d", "conv3d")
@@ -163,12 +164,13 @@ def _scaled(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """`(w.astype(float64) * scale[:, None, ...]).astype(w.dtype)`, the same bits: for a
     float weight the ufunc multiplies in float64 block by block and rounds each product
     once into the result, with no float64 temporaries of the weight's size. The result
-    is fresh and read-only: a graph constant takes it without a copy."""
+    is fresh (on small pages from 4 MiB, kiln.ops.pack_memory: it is written once in
+    order) and read-only: a graph constant takes it without a copy."""
     column = scale.reshape((-1,) + (1,) * (w.ndim - 1))
     if w.dtype not in (np.float16, np.float32, np.float64):
         out = (w.astype(np.float64) * column).astype(w.dtype)
     else:
-        out = np.empty(w.shape, w.dtype)
+        out = pack_memory.empty(w.shape, w.dtype)
         np.multiply(w, column, out=out, dtype=np.float64, casting="same_kind")
     out.flags.writeable = False
     return out

@@ -30,6 +30,7 @@ import numpy as np
 
 from kiln.errors import FrontendError
 from kiln.frontend.onnx.file_limits import check_external_data
+from kiln.ops import pack_memory
 
 # ModelProto.graph, GraphProto.initializer, TensorProto.raw_data (onnx.proto).
 _MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
@@ -322,8 +323,11 @@ def _read_external_views(proto: Any, directory: str, views: dict[int, np.ndarray
 
 
 def _aligned_bytes(size: int) -> np.ndarray:
-    """`size` uint8 of fresh memory starting at an ARENA_ALIGN boundary."""
-    raw = np.empty(size + ARENA_ALIGN, np.uint8)
+    """`size` uint8 of fresh memory starting at an ARENA_ALIGN boundary, on small pages
+    from pack_memory's threshold on: the arena is written once in order by the reads,
+    and the first touch of numpy's large pages costs several times more on a VM
+    (docs/performance.md, "Compile time, round twenty")."""
+    raw = pack_memory.empty((size + ARENA_ALIGN,), np.uint8)
     start = -raw.ctypes.data % ARENA_ALIGN
     return raw[start:start + size]
 
