@@ -10,7 +10,8 @@ with the scores divided by 4 (a power of two: the kernel multiplies by 1/4) and 
 mask (transformers' additive mask from `Range` and a comparison: the kernel's `causal`)
 over the last 512 of 600 positions; the first adds a mask given as a graph input
 (`[1, heads, 1, n]`, the kernel's `bias`) and zeroes NaN probabilities as torch's SDPA
-export does (`zero_nan`), its first head masked whole with `-inf`. The same
+export does (`zero_nan`), its first head masked whole with `-inf`, and its heads merged
+after it (`Transpose` + `Reshape`, before an output projection: `merge_heads`). The same
 on `host -precision=bf16` (bfloat16 products, float32 sums) within bfloat16's error.
 Without a scale the pass applies too, and to scores within L2 (BERT-base's 12 x 128 x
 128); a divisor other than a power of two, a decode step's one query row and small
@@ -46,6 +47,9 @@ Scale = tuple[str, float] | None
 CASES = [(2, 370, 371, 40, 24, True, ("Mul", 0.125), "input"),
          (1, 512, 600, 16, 32, False, ("Div", 4.0), "add")]
 LOWEST = float(np.finfo(np.float32).min)
+#: The case whose output merges its heads (`Transpose` + `Reshape` to `[1, m, heads *
+#: dv]`): the kernel stores them so (`merge_heads`).
+MERGED = 0
 
 
 def _mask(k: int, form: str, scores: str, m: int, n: int) -> tuple[list, list]:
@@ -126,11 +130,18 @@ def _model(keep: range = range(len(CASES))) -> onnx.ModelProto:
     for k in keep:
         heads, m, n, d, dv, *rest = CASES[k]
         more, ins, consts = _branch(k, heads, m, n, d, dv, *rest)
+        shape = [1, heads, m, dv]
+        if k == MERGED:  # heads side by side in each row, as before an output projection
+            shape = [1, m, heads * dv]
+            inits.append(numpy_helper.from_array(np.array(shape, np.int64), f"rows{k}"))
+            more = [*more, helper.make_node("Transpose", [f"y{k}"], [f"yt{k}"],
+                                            perm=[0, 2, 1, 3]),
+                    helper.make_node("Reshape", [f"yt{k}", f"rows{k}"], [f"ym{k}"])]
         nodes += more
         inputs += ins
         inits += consts
-        outputs.append(helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT,
-                                                     [1, heads, m, dv]))
+        outputs.append(helper.make_tensor_value_info(f"ym{k}" if k == MERGED else f"y{k}",
+                                                     TensorProto.FLOAT, shape))
     return kernel_checks.branches_model("attention_blocks", nodes, inputs, outputs, inits)
 
 
@@ -190,9 +201,11 @@ def test_scores_past_the_l2_cache_take_the_blocked_kernel(target: str, op: str) 
     assert ops.count(op) == len(CASES)
     assert "softmax" not in ops and not any(o.startswith("matmul_tiled") for o in ops)
     # the input mask is the kernel's bias, the additive one its causal; nothing is left
-    assert [(bool(c.attrs.get("causal")), len(c.args), bool(c.attrs.get("zero_nan")))
-            for c in calls if c.op == op] == [(False, 4, True), (True, 3, False)]
+    assert [(bool(c.attrs.get("causal")), len(c.args), bool(c.attrs.get("zero_nan")),
+             bool(c.attrs.get("merge_heads"))) for c in calls if c.op == op] == [
+        (False, 4, True, True), (True, 3, False, False)]
     assert "where" not in ops and "add" not in ops and "isnan" not in ops
+    assert "reshape_transpose" not in ops  # the merge of the heads is the kernel's store
 
 
 def _one_attention(m: int, scale: Scale, heads: int = 8, n: int = 1500,

@@ -22,8 +22,12 @@ taken clamped to [1, n]; the kernel runs its key loops to that run-time bound, n
 all `n`. Attribute `softcap` (float, default 0: none): a positive `c` caps each scaled
 score as `c * tanh(score / c)` before any mask or bias joins it (GroupQueryAttention's
 `softcap`, Gemma-2's attention logit capping, in onnxruntime's order: scale, softcap,
-mask, softmax). The te compute (the fallback of targets without the kernel) and the reference
-are the three ops it stands for, each product summed as `matmul`'s.
+mask, softmax). Attribute `merge_heads` (bool, default false): the result is
+`[*batch[:-1], m, batch[-1] * dv]`, each row's heads (the last batch axis) side by
+side, as `reshape_transpose` merges them before an output projection: the kernel
+stores them there, so the copy goes (`block-attention` takes such a copy in). The te
+compute (the fallback of targets without the kernel) and the reference are the three ops
+it stands for, each product summed as `matmul`'s (then the heads merged).
 
 `attention_tiled_bf16(q, k, v)`, the same on `precision=bf16` targets in place of two
 `matmul_tiled_bf16`: each product's operands rounded to bfloat16 (the reference rounds
@@ -95,6 +99,17 @@ def key_count(counts: Any, n: Any) -> Any:
     return min_(max_(counts, as_expr(1, "int64")), as_expr(n, "int64"))
 
 
+def result_shape(batch: Sequence[Any], m: Any, dv: Any, attrs: Attrs) -> tuple[Any, ...]:
+    """The result's shape: `[*batch, m, dv]`, or with `merge_heads` the last batch axis
+    (the heads) merged into the values' axis, `[*batch[:-1], m, batch[-1] * dv]`."""
+    if not attrs.get("merge_heads"):
+        return (*batch, m, dv)
+    if not batch or not (isinstance(batch[-1], int) and isinstance(dv, int)):
+        raise IRError(f"{ATTENTION}: merge_heads needs a static heads axis and head "
+                      f"width, got batch {tuple(batch)}, dv {dv}")
+    return (*batch[:-1], m, batch[-1] * dv)
+
+
 def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     if attrs.get("key_counts"):
         counts, types = types[-1], types[:-1]
@@ -113,7 +128,7 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
         bias = tuple(types[3].shape)
         if not _broadcasts(bias, scores):
             raise IRError(f"{ATTENTION}: bias {bias} does not broadcast to the scores {scores}")
-    return TensorType((*batch, m, dv), "float32")
+    return TensorType(result_shape(batch, m, dv, attrs), "float32")
 
 
 def capped(x: PrimExpr, softcap: float) -> PrimExpr:
@@ -172,7 +187,14 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         assert f is not None
         probs = te.compute(probs.shape, lambda *i: zero_nan(f(*i)), probs.dtype, "probs")
     probs = _materialized(probs, "probs")
-    return matmul_compute([probs, v], {})
+    out = matmul_compute([probs, v], {})
+    if not attrs.get("merge_heads"):
+        return out
+    out = _materialized(out, "heads")
+    dv = int(out.shape[-1])
+    return te.compute(result_shape(out.shape[:-2], out.shape[-2], dv, attrs),
+                      lambda *i: out[(*i[:-2], i[-1] // dv, i[-2], i[-1] % dv)],
+                      out.dtype, "merged")
 
 
 def _reference(rounded: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
@@ -198,7 +220,11 @@ def _reference(rounded: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.
         probs = softmax_ref(scores, axis=-1)
         if attrs.get("zero_nan"):
             probs = np.where(np.isnan(probs), np.float32(0), probs)
-        return matmul_ref(rounded(probs), rounded(v))
+        out = matmul_ref(rounded(probs), rounded(v))
+        if attrs.get("merge_heads"):
+            out = np.swapaxes(out, -2, -3)
+            out = out.reshape(*out.shape[:-2], -1).copy()
+        return out
     return ref
 
 

@@ -33,7 +33,10 @@ for BERT-base's 12 x 128 x 128 scores (786 KB; docs/performance.md). A static de
 step's one query row, and scores of a few microseconds' work (short sequences), keep
 the three kernels, whose loops go parallel only when worth it. The pass runs after
 `block-matmuls` (whose `matmul_tiled` it reads: targets without the GEMM kernels keep
-`matmul`) and before `fuse-ops`.
+`matmul`) and before `fuse-ops`. A `reshape_transpose` that merges an attention's heads
+beside each row (`[*batch[:-1], m, heads * dv]`, before an output projection), its only
+reader, becomes the attention's `merge_heads` result: the kernel stores each head's
+values there, and the copy goes.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from kiln.ops import call
 from kiln.ops.attention_blocks import ATTENTION, ATTENTION_BF16
 from kiln.ops.gemm import TILED
 from kiln.ops.gemm_bf16 import TILED_BF16
+from kiln.ops.reshape_dims import reshape_target
 from kiln.target.isa import ISA
 from kiln.transform.attention_heads import grouped_bias, merged_heads, split_heads
 from kiln.transform.attention_masks import attention_bias, causal_scores
@@ -92,7 +96,42 @@ class BlockAttention(FunctionPass):
             return func
         bindings = tuple(x for b in items if b.var not in dropped
                          for x in replaced.get(b.var, [b]))
-        return g.Function(func.params, bindings, func.result, dict(func.attrs))
+        return g.Function(func.params, _heads_merged(bindings, uses), func.result,
+                          dict(func.attrs))
+
+
+def _heads_merged(bindings: tuple[g.Binding, ...], uses: Any) -> tuple[g.Binding, ...]:
+    """`bindings` with each static attention read only by the copy that merges its
+    heads beside each row (`reshape_transpose` to `[*batch[:-1], m, heads * dv]`, before
+    an output projection) computing that result itself (`merge_heads`): the kernel
+    stores each head's values there, and the copy goes."""
+    attention = {b.var: b.value for b in bindings if isinstance(b.value, g.Call)
+                 and b.value.op in _FUSED.values() and uses[b.var] == 1}
+    merged: dict[g.Var, g.Binding] = {}  # a copy's var -> its binding to the attention
+    gone: set[g.Var] = set()  # the attentions merged
+    for b in bindings:
+        value = b.value
+        if not (isinstance(value, g.Call) and value.op == "reshape_transpose"
+                and isinstance(value.args[0], g.Var) and value.args[0] in attention):
+            continue
+        att = attention[value.args[0]]
+        t = att.ret_type
+        if not (isinstance(t, TensorType) and t.ndim >= 3
+                and all(isinstance(d, int) for d in t.shape)):
+            continue
+        r = t.ndim
+        try:
+            inner = reshape_target(t.shape, cast(Any, value.attrs["inner"]))
+            out = call(att.op, *att.args, **att.attrs, merge_heads=True)
+        except IRError:
+            continue
+        perm = tuple(cast(Any, value.attrs.get("perm")) or ())
+        if tuple(inner) == tuple(t.shape) and out.ret_type == value.ret_type \
+                and perm == (*range(r - 3), r - 2, r - 3, r - 1):
+            merged[b.var] = g.Binding(b.var, out)
+            gone.add(value.args[0])
+    # each merged attention moves down to its copy's place (its operands come before it)
+    return tuple(merged.get(b.var, b) for b in bindings if b.var not in gone)
 
 
 def _read_once(x: g.Expr, defs: Defs, uses: Any, op: str) -> g.Call | None:

@@ -96,6 +96,7 @@ from kiln.ops.attention_blocks import (
     bias_index,
     capped,
     key_count,
+    result_shape,
     zero_nan,
 )
 from kiln.ops.broadcast import broadcast_index
@@ -205,7 +206,7 @@ class AttentionLowering(GemmLowering):
         counts = buffers[args[-1]] if attrs.get("key_counts") else None
         rest = args[3:-1] if counts is not None else args[3:]
         batch, m, _, _, dv = attention_dims([t.shape for t in args[:3]], attrs)
-        ops = Operands(q, k, v, Buffer("out", (*batch, m, dv), F32),
+        ops = Operands(q, k, v, Buffer("out", result_shape(batch, m, dv, attrs), F32),
                        bool(attrs.get("transpose_b")), float(attrs.get("scale", 1.0)),
                        bool(attrs.get("causal")), buffers[rest[0]] if rest else None,
                        bool(attrs.get("zero_nan")), counts,
@@ -225,6 +226,14 @@ def attention_body(ops: Operands, bf16: bool, *, isa: ISA) -> Stmt:
     return IfThenElse(compare("eq", as_expr(m, INDEX_DTYPE), const(1)),
                       _blocks(ops, bf16, choose_tile(1, n, isa), isa),
                       _blocks(ops, bf16, tile, isa))
+
+
+def _out_index(ops: Operands, bidx: Tile, row: PrimExpr, col: PrimExpr) -> Tile:
+    """The output element of head `bidx`'s `row` and value `col`: with `merge_heads`
+    (an output one rank below the operands) the heads sit side by side in each row."""
+    if len(ops.out.shape) == len(ops.q.shape):
+        return (*bidx, row, col)
+    return (*bidx[:-1], row, bidx[-1] * ops.v.shape[-1] + col)
 
 
 def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
@@ -311,7 +320,7 @@ def _blocks(ops: Operands, bf16: bool, tile: GemmTiling, isa: ISA) -> Stmt:
             def store(r: int, col: PrimExpr, x: PrimExpr) -> Stmt:
                 row = first + t * mr + r
                 return IfThenElse(compare("lt", row, as_expr(m, INDEX_DTYPE)),
-                                  Store(ops.out, x, (*bidx, row, col)))
+                                  Store(ops.out, x, _out_index(ops, bidx, row, col)))
 
             def probs(r: PrimExpr, kk: PrimExpr) -> PrimExpr:
                 p: PrimExpr = scores[t * mr + r, kk]
