@@ -61,7 +61,7 @@ class LrnLowering:
         x = t.Buffer("x0", shape, F32)
         out = t.Buffer("out", shape, F32)
         return t.PrimFunc((x, out), _kernel(x, out, attrs, roots=_by_roots(attrs, isa),
-                                                  fma=isa.fma))
+                                                  fma=isa.fma, lanes=chunk_lanes(isa)))
 
 
 LRN = LrnLowering()
@@ -134,14 +134,21 @@ class _IRArith:
         return t.intrin("fma", x, y, -hi) if self.fma else None
 
 
-# Lanes of one vector chunk of the last axis (one AVX-512 register of float32; the
-# backends split it on narrower targets).
-LANES = 16
+# Lanes of one vector chunk of the last axis at least (the backends split it on
+# narrower targets).
+MIN_LANES = 16
+
+
+def chunk_lanes(isa: ISA) -> int:
+    """Lanes of one chunk on `isa`: two of its vectors at least, so that the power's
+    long dependency chain runs two independent vectors side by side (one leaves the
+    core waiting on latencies; docs/performance.md, "Float32 LRN (Inception)")."""
+    return max(MIN_LANES, 2 * isa.lanes(F32))
 
 
 def _kernel(x: t.Buffer, out: t.Buffer, attrs: Attrs, roots: bool = False,
-            fma: bool = False) -> t.Stmt:
-    """Per chunk of up to LANES elements of the last axis (and per index of the axes
+            fma: bool = False, lanes: int = MIN_LANES) -> t.Stmt:
+    """Per chunk of up to `lanes` elements of the last axis (and per index of the axes
     between C and it): the running-sum scale of every channel into `out`, each channel
     reading the previous one, then `out = x * scale ** -beta` (by square roots with
     `roots`, beta 0.75; exact products by fused multiply-adds with `fma`). Chunks are
@@ -151,24 +158,24 @@ def _kernel(x: t.Buffer, out: t.Buffer, attrs: Attrs, roots: bool = False,
     n = t.Var("n", I64)
     outer = [t.Var(f"i{k}", I64) for k in range(len(rest) - 1)]
 
-    def chunk(start: t.PrimExpr, lanes: int) -> t.Stmt:
+    def chunk(start: t.PrimExpr, count: int) -> t.Stmt:
         def at(c: t.PrimExpr, v: t.Var) -> tuple[t.PrimExpr, ...]:
             last = (start + v,) if rest else ()
             return (n, c, *outer, *last)
 
         def vector(body: Callable[[t.Var], t.Stmt]) -> t.Stmt:
             v = t.Var("v", I64)  # a fresh variable per loop (the IR binds each once)
-            return _loop(v, lanes, body(v), "vectorized")
+            return _loop(v, count, body(v), "vectorized")
 
-        return _chunk_body(x, out, at, channels, attrs, vector, roots, fma)
+        return _chunk_body(x, out, at, channels, count, attrs, vector, roots, fma)
 
     if rest:
         width = rest[-1]
         w0 = t.Var("w0", I64)
-        inner = [_loop(w0, width // LANES, chunk(w0 * t.Const(LANES, I64), LANES))] \
-            if width >= LANES else []
-        if width % LANES:
-            inner.append(chunk(t.Const(width - width % LANES, I64), width % LANES))
+        inner = [_loop(w0, width // lanes, chunk(w0 * t.Const(lanes, I64), lanes))] \
+            if width >= lanes else []
+        if width % lanes:
+            inner.append(chunk(t.Const(width - width % lanes, I64), width % lanes))
         nest = t.seq(*inner)
         for var, extent in reversed(list(zip(outer, rest[:-1]))):
             nest = _loop(var, extent, nest)
@@ -183,18 +190,18 @@ def _loop(var: t.Var, extent: int, body: t.Stmt, kind: str = "serial", start: in
     return t.For(var, t.Const(start, I64), t.Const(extent - start, I64), kind, body)
 
 
-def _chunk_body(x: t.Buffer, out: t.Buffer, at: Any, channels: int, attrs: Attrs,
-                vector: Callable[[Callable[[t.Var], t.Stmt]], t.Stmt], roots: bool,
-                fma: bool) -> t.Stmt:
-    """One chunk: channel 0's scale, the running sum over channels 1.., the
-    normalization; `vector(body)` is the chunk's vector loop around `body(lane)`, and
-    `at(c, lane)` the index of channel `c` in it."""
+def _chunk_body(x: t.Buffer, out: t.Buffer, at: Any, channels: int, count: int,
+                attrs: Attrs, vector: Callable[[Callable[[t.Var], t.Stmt]], t.Stmt],
+                roots: bool, fma: bool) -> t.Stmt:
+    """One chunk of `count` lanes: channel 0's scale, the running sum over channels
+    1.., the normalization; `vector(body)` is the chunk's vector loop around
+    `body(lane)`, and `at(c, lane)` the index of channel `c` in it."""
     _, before, after = lrn_window(attrs)
     a, beta, bias = lrn_params(attrs)
     zero = t.Const(0.0, F32)
     # the previous channel's scale, per lane, in a stack buffer: reading it back from
     # `out` would hide from the vector-loop analysis that the lanes are independent
-    prev = t.Buffer("prev", (LANES,), F32, "local")
+    prev = t.Buffer("prev", (count,), F32, "local")
 
     def term(ch: t.PrimExpr, lane: t.Var, valid: t.PrimExpr | None) -> t.PrimExpr:
         # a * x^2 of channel `ch`; a channel outside the tensor adds 0 (onnxruntime's
