@@ -60,7 +60,8 @@ class LrnLowering:
         shape = tuple(x_t.shape)
         x = t.Buffer("x0", shape, F32)
         out = t.Buffer("out", shape, F32)
-        return t.PrimFunc((x, out), _kernel(x, out, attrs, roots=_by_roots(attrs, isa)))
+        return t.PrimFunc((x, out), _kernel(x, out, attrs, roots=_by_roots(attrs, isa),
+                                                  fma=isa.fma, lanes=chunk_lanes(isa)))
 
 
 LRN = LrnLowering()
@@ -73,10 +74,12 @@ def _by_roots(attrs: Attrs, isa: ISA) -> bool:
 
 class _IRArith:
     """kiln.ops.ort_pow's `Arith` building float32 IR; every intermediate is a
-    let in `lets` (the expression would otherwise be a DAG copied out as a tree)."""
+    let in `lets` (the expression would otherwise be a DAG copied out as a tree); with
+    `fma` (the target's ISA has it) exact products take a fused multiply-add."""
 
-    def __init__(self) -> None:
+    def __init__(self, fma: bool = False) -> None:
         self.lets: list[t.Stmt] = []
+        self.fma = fma
 
     def const(self, v: float) -> t.PrimExpr:
         return t.Const(float(np.float32(v)), F32)
@@ -126,41 +129,53 @@ class _IRArith:
     def equal(self, a: t.PrimExpr, b: t.PrimExpr) -> t.PrimExpr:
         return t.compare("eq", a, b)
 
+    def product_error(self, x: t.PrimExpr, y: t.PrimExpr, hi: t.PrimExpr
+                      ) -> t.PrimExpr | None:
+        return t.intrin("fma", x, y, -hi) if self.fma else None
 
-# Lanes of one vector chunk of the last axis (one AVX-512 register of float32; the
-# backends split it on narrower targets).
-LANES = 16
+
+# Lanes of one vector chunk of the last axis at least (the backends split it on
+# narrower targets).
+MIN_LANES = 16
 
 
-def _kernel(x: t.Buffer, out: t.Buffer, attrs: Attrs, roots: bool = False) -> t.Stmt:
-    """Per chunk of up to LANES elements of the last axis (and per index of the axes
+def chunk_lanes(isa: ISA) -> int:
+    """Lanes of one chunk on `isa`: two of its vectors at least, so that the power's
+    long dependency chain runs two independent vectors side by side (one leaves the
+    core waiting on latencies; docs/performance.md, "Float32 LRN (Inception)")."""
+    return max(MIN_LANES, 2 * isa.lanes(F32))
+
+
+def _kernel(x: t.Buffer, out: t.Buffer, attrs: Attrs, roots: bool = False,
+            fma: bool = False, lanes: int = MIN_LANES) -> t.Stmt:
+    """Per chunk of up to `lanes` elements of the last axis (and per index of the axes
     between C and it): the running-sum scale of every channel into `out`, each channel
     reading the previous one, then `out = x * scale ** -beta` (by square roots with
-    `roots`, beta 0.75). Chunks are independent (the parallel loop); the lanes of a
-    chunk are vector code."""
+    `roots`, beta 0.75; exact products by fused multiply-adds with `fma`). Chunks are
+    independent (the parallel loop); the lanes of a chunk are vector code."""
     shape = x.shape  # the batch may be symbolic (LrnLowering), the rest is static
     channels, rest = int(shape[1]), tuple(int(d) for d in shape[2:])
     n = t.Var("n", I64)
     outer = [t.Var(f"i{k}", I64) for k in range(len(rest) - 1)]
 
-    def chunk(start: t.PrimExpr, lanes: int) -> t.Stmt:
+    def chunk(start: t.PrimExpr, count: int) -> t.Stmt:
         def at(c: t.PrimExpr, v: t.Var) -> tuple[t.PrimExpr, ...]:
             last = (start + v,) if rest else ()
             return (n, c, *outer, *last)
 
         def vector(body: Callable[[t.Var], t.Stmt]) -> t.Stmt:
             v = t.Var("v", I64)  # a fresh variable per loop (the IR binds each once)
-            return _loop(v, lanes, body(v), "vectorized")
+            return _loop(v, count, body(v), "vectorized")
 
-        return _chunk_body(x, out, at, channels, attrs, vector, roots)
+        return _chunk_body(x, out, at, channels, count, attrs, vector, roots, fma)
 
     if rest:
         width = rest[-1]
         w0 = t.Var("w0", I64)
-        inner = [_loop(w0, width // LANES, chunk(w0 * t.Const(LANES, I64), LANES))] \
-            if width >= LANES else []
-        if width % LANES:
-            inner.append(chunk(t.Const(width - width % LANES, I64), width % LANES))
+        inner = [_loop(w0, width // lanes, chunk(w0 * t.Const(lanes, I64), lanes))] \
+            if width >= lanes else []
+        if width % lanes:
+            inner.append(chunk(t.Const(width - width % lanes, I64), width % lanes))
         nest = t.seq(*inner)
         for var, extent in reversed(list(zip(outer, rest[:-1]))):
             nest = _loop(var, extent, nest)
@@ -175,18 +190,18 @@ def _loop(var: t.Var, extent: int, body: t.Stmt, kind: str = "serial", start: in
     return t.For(var, t.Const(start, I64), t.Const(extent - start, I64), kind, body)
 
 
-def _chunk_body(x: t.Buffer, out: t.Buffer, at: Any, channels: int, attrs: Attrs,
-                vector: Callable[[Callable[[t.Var], t.Stmt]], t.Stmt], roots: bool
-                ) -> t.Stmt:
-    """One chunk: channel 0's scale, the running sum over channels 1.., the
-    normalization; `vector(body)` is the chunk's vector loop around `body(lane)`, and
-    `at(c, lane)` the index of channel `c` in it."""
+def _chunk_body(x: t.Buffer, out: t.Buffer, at: Any, channels: int, count: int,
+                attrs: Attrs, vector: Callable[[Callable[[t.Var], t.Stmt]], t.Stmt],
+                roots: bool, fma: bool) -> t.Stmt:
+    """One chunk of `count` lanes: channel 0's scale, the running sum over channels
+    1.., the normalization; `vector(body)` is the chunk's vector loop around
+    `body(lane)`, and `at(c, lane)` the index of channel `c` in it."""
     _, before, after = lrn_window(attrs)
     a, beta, bias = lrn_params(attrs)
     zero = t.Const(0.0, F32)
     # the previous channel's scale, per lane, in a stack buffer: reading it back from
     # `out` would hide from the vector-loop analysis that the lanes are independent
-    prev = t.Buffer("prev", (LANES,), F32, "local")
+    prev = t.Buffer("prev", (count,), F32, "local")
 
     def term(ch: t.PrimExpr, lane: t.Var, valid: t.PrimExpr | None) -> t.PrimExpr:
         # a * x^2 of channel `ch`; a channel outside the tensor adds 0 (onnxruntime's
@@ -218,7 +233,7 @@ def _chunk_body(x: t.Buffer, out: t.Buffer, at: Any, channels: int, attrs: Attrs
         return keep(c1, lane, value)
 
     def normalize(lane: t.Var) -> t.Stmt:
-        ar = _IRArith()
+        ar = _IRArith(fma)
         scale = ar.bind(out[at(c2, lane)])
         if roots:
             root = ar.bind(t.intrin("sqrt", scale))
@@ -281,7 +296,7 @@ def _nchwc_kernel(x: t.Buffer, out: t.Buffer, attrs: Attrs, isa: ISA) -> t.Stmt:
 
         def normalize(w: t.PrimExpr, cb: t.PrimExpr) -> t.Stmt:
             def lane(v: t.PrimExpr) -> t.Stmt:
-                ar = _IRArith()
+                ar = _IRArith(isa.fma)
                 total: t.PrimExpr = t.Const(float(np.float32(bias)), F32)
                 for k in range(size):
                     total = total + sq[cb * const(block) + v + const(k)]
