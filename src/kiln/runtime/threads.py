@@ -60,8 +60,9 @@ class PoolStats(NamedTuple):
     work_ns: int
     span_ns: int
     # Of the sleeps, those a worker took before its spin window ended because it found
-    # it had been descheduled while it spun: other threads want the CPUs (docs/abi.md,
-    # "Parallel loops").
+    # it had been descheduled while it spun, or after the shorter window a worker spins
+    # for while one was lately: other threads want the CPUs (docs/abi.md, "Parallel
+    # loops").
     preempted: int
     # The verdict from the model's own loops (docs/abi.md "Parallel loops"; off with
     # $KILN_PROBE_MS=0): probes (loops run the other way than the verdict's, each timed

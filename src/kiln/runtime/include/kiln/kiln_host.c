@@ -1295,6 +1295,9 @@ static void kiln_pool_idle(unsigned long seen, int index) {
     }
     now = kiln_pool_now_ns();
     if (now - start >= window) {
+      /* A window cut short by a recent preemption (this worker's or another's) is
+         one too: the machine is loaded. */
+      preempted = window < KILN_LOAD(kiln_pool.spin_ns);
       break;
     }
     if (now - last >= KILN_POOL_PREEMPTED_NS) {
