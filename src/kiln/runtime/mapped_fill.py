@@ -71,8 +71,6 @@ def fill_mapped(fd: int, items: Sequence[tuple[int, Content]], block: int) -> bo
     """Write each (file offset, content) of `items` into the open file `fd` (which already
     spans them) through a shared mapping, threads taking whole `block`-aligned windows;
     False, having written nothing, where the blocks cannot be reserved or the file mapped."""
-    if not items:
-        return True
     pieces: list[tuple[int, memoryview]] = []
     for start, content in items:
         for part in content_parts(content):

@@ -21,6 +21,7 @@ from kiln.ir import graph as g
 from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ops import call
 from kiln.ops.registry import get_op
+from kiln.transform.splice import splice
 
 CONCAT = "concat"
 
@@ -73,11 +74,9 @@ def move_onto_concat_inputs(fn: g.Function) -> g.Function:
         dropped.add(id(cat))
     if not replaced:
         return fn
-    bindings: list[g.Binding] = []
-    for b in fn.bindings:
-        if id(b.var) in dropped:
-            continue
-        bindings.append(replaced.get(id(b.var), b))
+    spliced: dict[int, tuple[g.Binding, ...]] = {k: (v,) for k, v in replaced.items()}
+    for b in fn.bindings:  # each moved op right after its input's binding
         if id(b.var) in after:
-            bindings.append(after[id(b.var)])
+            spliced[id(b.var)] = (*spliced.get(id(b.var), (b,)), after[id(b.var)])
+    bindings = splice(fn.bindings, dropped, spliced)
     return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))

@@ -38,14 +38,13 @@ from kiln.ir.tensor import (
     select,
     seq,
 )
-from kiln.kernels.conv.bf16_words import zero_border
-from kiln.kernels.epilogue import fused_store
+from kiln.kernels.conv.bf16_words import words_output, zero_border
 from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
 from kiln.kernels.tiles import const as _c
 from kiln.kernels.tiles import loop as _loop
 from kiln.ops import layout, te
-from kiln.ops.conv_bf16 import WordsSource, words_shape, words_source
+from kiln.ops.conv_bf16 import WordsSource
 from kiln.ops.conv_geometry import ConvShape, conv_shape
 from kiln.ops.packed_attrs import recorded_tile
 from kiln.target.isa import ISA
@@ -89,16 +88,11 @@ def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
     block = int(x.shape[4])
     shape = conv_geometry(x.shape, attrs, (int(wp.shape[1]), int(wp.shape[2])))
     out_shape = layout.block_shape((shape.n, shape.c_out, shape.out_h, shape.out_w), block)
-    words = words_source(result) if result is not None else None
-    if words is not None:  # the consumers' words (kiln.transform.bf16_words)
-        if int(out_shape[1]) % 2:
-            return None
-        result = None if words.tensor is anchor else words.tensor
-    store = fused_store(params, anchor, result, out_shape)
-    if store is None:
+    output = words_output(params, anchor, result, out_shape)
+    # The consumers' words (kiln.transform.bf16_words) pair the channel blocks.
+    if output is None or (output.source is not None and int(out_shape[1]) % 2):
         return None
-    out = store.out if words is None else Buffer(
-        "out", words_shape(out_shape, words.pads, words.flat), "int32")
+    store, out, words = output.store, output.out, output.source
     tile = recorded_tile(attrs, 1, "conv2d_nchwc_depthwise")
     tile_w = tile[0] if tile else choose_tile_width(shape, isa)
     stmt = parallel_when(lambda: nest(

@@ -11,13 +11,12 @@ from typing import Any, cast
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_PARALLEL_DECIDED, ATTR_POOL_KERNEL
 from kiln.ir.shape_expr import is_static
-from kiln.ir.tensor import Buffer, PrimFunc
+from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
-from kiln.kernels.epilogue import fused_store
+from kiln.kernels.conv.bf16_words import words_output
 from kiln.kernels.pool import window as pk
 from kiln.kernels.pool.nchwc import pool_nchwc_body
 from kiln.ops import layout, te
-from kiln.ops.conv_bf16 import words_shape, words_source
 from kiln.ops.pool import Window, scans_from_first
 from kiln.ops.pool_nchwc import merged_shape, split_attrs
 from kiln.target.isa import ISA
@@ -95,23 +94,18 @@ class PoolNchwcLowering:
                     name: str, isa: ISA) -> PrimFunc | None:
         """The vector kernel (see `kiln.kernels.lowering.Lowering.lower_fused`)."""
         x = args[0]
-        source = words_source(result) if result is not None else None
-        if source is not None:  # the readers' words (kiln.transform.bf16_words)
-            result = None if source.tensor is anchor else source.tensor
         if x not in params or x.dtype != "float32" or len(x.shape) != 5 \
-                or not is_static(tuple(x.shape[1:])) \
-                or (result is not None and result.dtype != x.dtype):
+                or not is_static(tuple(x.shape[1:])):
             return None
         pool, rest = split_attrs(attrs)
         geometry = window_geometry(merged_shape(x.shape), rest)
         block = int(x.shape[4])
         pooled = layout.block_shape((*geometry.shape[:2], *geometry.out), block)
-        store = fused_store(params, anchor, result, pooled)
-        if store is None:
+        # Stores the readers' words where they round it (kiln.transform.bf16_words).
+        output = words_output(params, anchor, result, pooled)
+        if output is None or output.store.out.dtype != x.dtype:
             return None
-        out = store.out
-        if source is not None:
-            out = Buffer("out", words_shape(pooled, source.pads, source.flat), "int32")
+        store, out, source = output.store, output.out, output.source
         maximum = pool == "max_pool2d"
         body = pool_nchwc_body("max" if maximum else "avg", geometry,
                                bool(rest.get("count_include_pad", False)), store.buffers[x],
