@@ -312,10 +312,21 @@ CASES: dict[str, list[OpCase]] = {
                           OpCase((bf16_exact_words(2, 1, 12, 4),
                                   bf16_conv_weight(4, 4, 3, 8, 1, 1)),
                                  {"channels": 3, "c_in": 8, "words_input": (3, 4)},
+                                 rtol=1e-5, atol=1e-5),
+                          # 12 channels (3 blocks of 4) as words of half blocks (rows of
+                          # 2 lanes: `half_words`) under a border of (1, 1, 1, 1)
+                          OpCase((bf16_exact_words(1, 3, 6, 7, 2),
+                                  bf16_conv_weight(4, 4, 5, 12, 3, 3), f32(5)),
+                                 {"channels": 5, "c_in": 12, "pads": (1, 1, 1, 1),
+                                  "words_input": (4, 5), "half_words": True},
                                  rtol=1e-5, atol=1e-5)],
     # a border of (1, 0, 2, 1) around 3x5 positions; one row of 3x4 positions
     "bf16_words": [OpCase((f32(1, 4, 3, 5, 4),), {"pads": (1, 0, 2, 1)}),
-                   OpCase((f32(2, 2, 3, 4, 4),), {"pads": (0, 0, 0, 0), "flat": True})],
+                   OpCase((f32(2, 2, 3, 4, 4),), {"pads": (0, 0, 0, 0), "flat": True}),
+                   # the halves of each of 3 blocks paired (`half_words`)
+                   OpCase((f32(1, 3, 3, 5, 4),), {"pads": (1, 0, 2, 1), "half_words": True}),
+                   OpCase((f32(2, 3, 3, 4, 4),), {"pads": (0, 0, 0, 0), "flat": True,
+                                                   "half_words": True})],
     "conv2d_nchwc": [OpCase((f32(1, 1, 5, 6, 4), f32(1, 1, 3, 3, 3, 8), f32(5)),
                             {"channels": 5, "pads": (1, 1, 1, 1)}),
                      OpCase((f32(2, 2, 6, 5, 4), f32(1, 1, 6, 1, 1, 4)),

@@ -35,7 +35,12 @@ converted workspace.
 float32 NCHW{b}c tensor of an even count of blocks into those words: word
 `(n, p, i, j, v)` pairs lane `v` of blocks `2p` (low half) and `2p + 1` at position
 `(i - top, j - left)` (words of two zeros in the border), each value rounded to nearest,
-ties to even; `flat` (no pads) numbers the positions `i * w + j`.
+ties to even; `flat` (no pads) numbers the positions `i * w + j`. With `half` (HALF_WORDS)
+it takes any count of whole blocks and pairs the halves of each block instead, the word
+rows of `b / 2` lanes a reader of such channels converts into (`word_block`: 16, 48 or
+144 channels): word `(n, p, i, j, v)` pairs lanes `v` and `v + b / 2` of block `p`. A
+`words_input` call reading such words has the attribute `half_words` too: its input's
+lanes are half its output block (`conv_blocks`).
 
 The reference rounds the input to bfloat16 as the kernel does (kiln.kernels.conv.bf16)
 and sums in float32; the te compute (the fallback where the kernel is not built) reads
@@ -66,6 +71,9 @@ CONV_BF16 = "conv2d_nchwc_bf16"
 #: The attribute of a call whose input is already its words (`bf16_words`).
 WORDS_INPUT = "words_input"
 BF16_WORDS = "bf16_words"
+#: The attribute of `bf16_words` pairing the halves of each block (word rows of half a
+#: block's lanes), and of a `words_input` call reading such words.
+HALF_WORDS = "half_words"
 #: The float32 tensor each `bf16_words` compute rounds and its pads, by its result
 #: (`words_source`).
 _WORD_SOURCES: weakref.WeakKeyDictionary[te.Tensor, WordsSource] = weakref.WeakKeyDictionary()
@@ -171,6 +179,8 @@ def conv_blocks(x: Sequence[Any], attrs: Attrs) -> tuple[int, int]:
     an NCHW input."""
     if len(x) == 4 and NCHW_INPUT_BLOCK in attrs:
         return 1, int(attrs[NCHW_INPUT_BLOCK])
+    if attrs.get(HALF_WORDS):  # words of half blocks: their lanes are half the output's
+        return int(x[-1]), 2 * int(x[-1])
     return int(x[-1]), int(x[-1])  # NCHW{b}c, or its words (`WORDS_INPUT`)
 
 
@@ -180,13 +190,16 @@ def flat_words(kernel: Sequence[int], pads: Sequence[int]) -> bool:
     return tuple(kernel) == (1, 1) and not any(pads)
 
 
-def words_shape(x: Sequence[Any], pads: Sequence[int], flat: bool) -> tuple[Any, ...]:
+def words_shape(x: Sequence[Any], pads: Sequence[int], flat: bool,
+                half: bool = False) -> tuple[Any, ...]:
     """The shape of `bf16_words` of a float32 NCHW{b}c tensor of shape `x` under `pads`
-    (top, left, bottom, right), `flat` or not."""
+    (top, left, bottom, right), `flat` or not, of pairs of blocks or (`half`) of the
+    halves of each block."""
+    rows, lanes = (x[1], x[4] // 2) if half else (x[1] // 2, x[4])
     if flat:
-        return (x[0], x[1] // 2, x[2] * x[3], x[4])
+        return (x[0], rows, x[2] * x[3], lanes)
     top, left, bottom, right = pads
-    return (x[0], x[1] // 2, x[2] + top + bottom, x[3] + left + right, x[4])
+    return (x[0], rows, x[2] + top + bottom, x[3] + left + right, lanes)
 
 
 def _words_source_shape(x: tuple[Any, ...], dtype: str, attrs: Attrs) -> tuple[Any, ...]:
@@ -199,6 +212,7 @@ def _words_source_shape(x: tuple[Any, ...], dtype: str, attrs: Attrs) -> tuple[A
     source = (x[0], 2 * int(x[1]), h, w, b)
     if (dtype != "int32" or NCHW_INPUT_BLOCK in attrs or ROW_TAPS in attrs
             or word_block(ci, b) != b or x[1] != pair_blocks(ci, b)
+            or (attrs.get(HALF_WORDS) and ci % (2 * b))
             or tuple(x) != words_shape(source, (*begins, *ends), len(x) == 4)):
         raise IRError(f"{CONV_BF16}: a {WORDS_INPUT} input must be int32 [n][P][rows][cols]"
                       f"[b] (or [n][P][rows * cols][b]) of whole pairs of blocks holding {ci} "
@@ -245,7 +259,8 @@ def bf16_conv_shape(types: Sequence[Any], attrs: Attrs) -> ConvShape:
 
 def _conv_attrs(attrs: Attrs) -> dict[str, Any]:
     return {k: v for k, v in attrs.items()
-            if k not in ("channels", "c_in", "tile", NCHW_INPUT_BLOCK, ROW_TAPS, WORDS_INPUT)}
+            if k not in ("channels", "c_in", "tile", NCHW_INPUT_BLOCK, ROW_TAPS, WORDS_INPUT,
+                         HALF_WORDS)}
 
 
 def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -266,13 +281,15 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     cb, a = int(wp.shape[4]), word_block(s.c_in, a)
     if attrs.get(WORDS_INPUT):
         top, left = s.pads[:2]
+        lanes = int(x.shape[-1])  # the words' lanes: `b`, or half of it (HALF_WORDS)
+
         def at(n: PrimExpr, c: PrimExpr, h: PrimExpr, w: PrimExpr) -> PrimExpr:
             if len(x.shape) == 4:
-                return x[n, c // (2 * b), h * s.w + w, c % b]
-            return x[n, c // (2 * b), h + top, w + left, c % b]
+                return x[n, c // (2 * lanes), h * s.w + w, c % lanes]
+            return x[n, c // (2 * lanes), h + top, w + left, c % lanes]
 
         plain = te.compute((x.shape[0], s.c_in, s.h, s.w), lambda n, c, h, w: word_half(
-            at(n, c, h, w), (c // b) % 2 >= 1), "float32", "x_nchw")
+            at(n, c, h, w), (c // lanes) % 2 >= 1), "float32", "x_nchw")
     else:
         plain = x if len(x.shape) == 4 else te.compute(
             (x.shape[0], s.c_in, x.shape[2], x.shape[3]),
@@ -342,6 +359,8 @@ class WordsSource:
     tensor: te.Tensor
     pads: tuple[int, int, int, int]
     flat: bool
+    #: The words pair the halves of each block (HALF_WORDS), not pairs of blocks.
+    half: bool = False
 
 
 def words_source(words: te.Tensor) -> WordsSource | None:
@@ -357,12 +376,13 @@ def _words_pads(attrs: Attrs) -> tuple[int, int, int, int]:
 
 def _words_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
+    half = bool(attrs.get(HALF_WORDS))
     if (x.ndim != 5 or x.dtype != "float32" or not isinstance(x.shape[1], int)
-            or x.shape[1] % 2):
+            or (x.shape[1] % 2 and not half) or (half and x.shape[4] % 2)):
         raise IRError(f"{BF16_WORDS}: input must be float32 NCHW<b>c of an even count of "
-                      f"blocks, got {x.dtype} {x.shape}")
-    return TensorType(words_shape(x.shape, _words_pads(attrs), bool(attrs.get("flat"))),
-                      "int32")
+                      f"blocks (any count with {HALF_WORDS}), got {x.dtype} {x.shape}")
+    return TensorType(words_shape(x.shape, _words_pads(attrs), bool(attrs.get("flat")),
+                                  half), "int32")
 
 
 def _words_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
@@ -370,33 +390,44 @@ def _words_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     top, left = _words_pads(attrs)[:2]
     h, w = x.shape[2], x.shape[3]
     zero = as_expr(0.0, "float32")
+    half = bool(attrs.get(HALF_WORDS))
+    step = int(x.shape[4]) // 2
+
+    def pair(n: PrimExpr, p: PrimExpr, r: PrimExpr, c: PrimExpr, v: PrimExpr
+             ) -> tuple[PrimExpr, PrimExpr]:
+        if half:  # lanes `v` and `v + b / 2` of block `p`
+            return x[n, p, r, c, v], x[n, p, r, c, v + step]
+        return x[n, 2 * p, r, c, v], x[n, 2 * p + 1, r, c, v]
 
     def word(n: PrimExpr, p: PrimExpr, i: PrimExpr, j: PrimExpr, v: PrimExpr) -> PrimExpr:
         r, c = i - top, j - left
         inside = (r >= 0) & (r < h) & (c >= 0) & (c < w)
-        rc, cc = te.clamp_index(r, h), te.clamp_index(c, w)
-        lo, hi = x[n, 2 * p, rc, cc, v], x[n, 2 * p + 1, rc, cc, v]
+        lo, hi = pair(n, p, te.clamp_index(r, h), te.clamp_index(c, w), v)
         return Intrin(BF16_PAIR, (select(inside, lo, zero), select(inside, hi, zero)))
 
     def flat_word(n: PrimExpr, p: PrimExpr, k: PrimExpr, v: PrimExpr) -> PrimExpr:
-        r, c = k // w, k % w
-        return Intrin(BF16_PAIR, (x[n, 2 * p, r, c, v], x[n, 2 * p + 1, r, c, v]))
+        return Intrin(BF16_PAIR, pair(n, p, k // w, k % w, v))
 
     flat, pads = bool(attrs.get("flat")), _words_pads(attrs)
-    out = te.compute(words_shape(x.shape, pads, flat), flat_word if flat else word, "int32",
-                     BF16_WORDS)
-    _WORD_SOURCES[out] = WordsSource(x, pads, flat)
+    out = te.compute(words_shape(x.shape, pads, flat, half), flat_word if flat else word,
+                     "int32", BF16_WORDS)
+    _WORD_SOURCES[out] = WordsSource(x, pads, flat, half)
     return out
 
 
 def _words_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
     top, left, bottom, right = _words_pads(attrs)
+    half = bool(attrs.get(HALF_WORDS))
     n, blocks, h, w, b = x.shape
-    bits = bf16_round(x).view(np.uint32).reshape(n, blocks // 2, 2, h, w, b)
-    words = (bits[:, :, 0] >> 16) | (bits[:, :, 1] & 0xFFFF0000)
-    out = np.zeros(words_shape(x.shape, (top, left, bottom, right), False), np.uint32)
+    bits = bf16_round(x).view(np.uint32)
+    if half:  # [n][C/b][h][w][2][b/2]: the halves of each block
+        lo, hi = (bits.reshape(n, blocks, h, w, 2, b // 2)[..., k, :] for k in (0, 1))
+    else:
+        lo, hi = (bits.reshape(n, blocks // 2, 2, h, w, b)[:, :, k] for k in (0, 1))
+    words = (lo >> 16) | (hi & 0xFFFF0000)
+    out = np.zeros(words_shape(x.shape, (top, left, bottom, right), False, half), np.uint32)
     out[:, :, top:top + h, left:left + w] = words
-    flat = words_shape(x.shape, (0, 0, 0, 0), True)
+    flat = words_shape(x.shape, (0, 0, 0, 0), True, half)
     return out.view(np.int32).reshape(flat) if attrs.get("flat") else out.view(np.int32)
 
 

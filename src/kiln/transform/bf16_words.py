@@ -21,7 +21,10 @@ bit for bit.
 
 Taken where the readers' words are whole pairs of blocks of the value (an even count of
 16-lane blocks, paired lane by lane: `word_block`) and not a region's first layer, and
-where the producer's channel tile covers whole pairs of blocks. A strided unpadded 1x1
+where the producer's channel tile covers whole pairs of blocks; or, where the readers
+pair the halves of each block (an odd count of whole blocks: MobileNetV2's 16 and 144
+channels, `half_words`), where the producer is a bfloat16 convolution or a depthwise
+layer, whose tiles store one block's halves as a word row of 8 lanes. A strided unpadded 1x1
 reader (which converted only the positions it reads) reads every other stored word.
 ResNet's bottlenecks: the 1x1 -> 3x3 and 3x3 -> 1x1 edges, and a stage's first block
 input (read by its 1x1 layer and its strided 1x1 shortcut); a block output that also
@@ -48,6 +51,7 @@ from kiln.ops.channel_scale_nchwc import CHANNEL_SCALE
 from kiln.ops.conv_bf16 import (
     BF16_WORDS,
     CONV_BF16,
+    HALF_WORDS,
     ROW_TAPS,
     WORDS_INPUT,
     bf16_conv_shape,
@@ -64,57 +68,72 @@ from kiln.transform.fuse_rule import MAX_FUSED_OPS, chain
 _WORD_HEADS = (CONV_BF16, CHANNEL_SCALE, POOL_NCHWC, NCHWC_DEPTHWISE)
 
 
-def _blocked(t: object, block: int) -> bool:
+def _blocked(t: object, block: int, half: bool = False) -> bool:
     """Whether `t` is a float32 NCHW{block}c tensor of static sizes but the batch, of an
-    even count of blocks."""
+    even count of blocks (of any count for words of `half` blocks)."""
     return (isinstance(t, TensorType) and t.dtype == "float32" and t.ndim == 5
             and all(isinstance(d, int) for d in t.shape[1:]) and t.shape[4] == block
-            and cast(int, t.shape[1]) % 2 == 0)
+            and (half or cast(int, t.shape[1]) % 2 == 0))
+
+
+def half_words(conv: g.Call, block: int) -> bool:
+    """Whether the words the bfloat16 convolution `conv` reads pair the halves of each
+    block (`word_block`: an odd count of whole blocks), not pairs of blocks."""
+    c_in = conv.attrs.get("c_in")
+    return (isinstance(c_in, int) and c_in % block == 0
+            and word_block(c_in, block) == block // 2)
 
 
 def reads_words(conv: g.Call, block: int) -> bool:
     """Whether the bfloat16 convolution `conv` may read its input as stored words (module
     docstring)."""
     attrs = conv.attrs
-    if not (conv.op == CONV_BF16 and _blocked(conv.args[0].type, block)
+    half = conv.op == CONV_BF16 and half_words(conv, block)
+    if not (conv.op == CONV_BF16 and _blocked(conv.args[0].type, block, half)
             and not any(a in attrs for a in (NCHW_INPUT_BLOCK, ROW_TAPS, WORDS_INPUT))
             and conv.args[0] not in conv.args[1:]):
         return False
     c_in = int(cast(int, attrs["c_in"]))
-    return word_block(c_in, block) == block and c_in % block == 0
+    return half or (word_block(c_in, block) == block and c_in % block == 0)
 
 
-def stores_words(conv: g.Call, block: int) -> bool:
+def stores_words(conv: g.Call, block: int, half: bool = False) -> bool:
     """Whether the bfloat16 convolution `conv` may store its output as words: its
-    channels and its channel tile are whole pairs of blocks."""
-    if not (conv.op == CONV_BF16 and _blocked(conv.ret_type, block)):
+    channels and its channel tile are whole pairs of blocks (whole blocks for words of
+    `half` blocks)."""
+    if not (conv.op == CONV_BF16 and _blocked(conv.ret_type, block, half)):
         return False
     weight, channels = conv.args[1].type, conv.attrs["channels"]
+    unit = block if half else 2 * block
     return (isinstance(weight, TensorType) and isinstance(weight.shape[4], int)
-            and weight.shape[4] % (2 * block) == 0
-            and isinstance(channels, int) and channels % (2 * block) == 0)
+            and weight.shape[4] % unit == 0
+            and isinstance(channels, int) and channels % unit == 0)
 
 
-def _stores_words(call: g.Call, block: int) -> bool:
+def _stores_words(call: g.Call, block: int, half: bool) -> bool:
     """`stores_words`, or a `channel_scale_nchwc` (DenseNet's pre-activation BatchNorm,
     whose kernel stores words as it scales: kiln.kernels.conv.channel_scale) or a
     `pool2d_nchwc` (SqueezeNet's pools before a squeeze layer: kiln.kernels.pool.nchwc)
     or a `conv2d_nchwc_depthwise` (MobileNetV2's, before its projection:
-    kiln.kernels.conv.nchwc_depthwise) of an even count of blocks."""
+    kiln.kernels.conv.nchwc_depthwise) of an even count of blocks; words of `half`
+    blocks from the convolution and the depthwise layer only."""
+    if half:
+        return stores_words(call, block, half) or (call.op == NCHWC_DEPTHWISE
+                                                   and _blocked(call.ret_type, block, half))
     return stores_words(call, block) or (call.op in _WORD_HEADS[1:]
                                          and _blocked(call.ret_type, block))
 
 
 def _producer(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
-              block: int) -> bool:
+              block: int, half: bool = False) -> bool:
     """Whether binding `k`'s value is the last of a FuseOps group (kiln.transform.fuse_rule:
     its head's epilogue of elementwise ops; room left for the words) whose head may store
-    words: a bfloat16 convolution, DenseNet's pre-activation channel scale, a pool or a
-    depthwise layer. The group's kernel then stores them."""
+    words (of `half` blocks): a bfloat16 convolution, DenseNet's pre-activation channel
+    scale, a pool or a depthwise layer. The group's kernel then stores them."""
     for head in _WORD_HEADS:
         j = chain(bindings, k, uses, head, MAX_FUSED_OPS - 1)
         if j is not None:
-            return _stores_words(cast(g.Call, bindings[j].value), block)
+            return _stores_words(cast(g.Call, bindings[j].value), block, half)
     return False
 
 
@@ -162,8 +181,10 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
         if not (convs and len(convs) == uses[b.var] and id(b.var) not in returned
                 and all(reads_words(cast(g.Call, c.value), block) for c in convs)):
             continue
-        pieces = _concat_pieces(fn.bindings, b.value, index, uses, returned, block)
-        if pieces is None and not _producer(fn.bindings, k, uses, block):
+        half = half_words(cast(g.Call, convs[0].value), block)
+        pieces = None if half else _concat_pieces(fn.bindings, b.value, index, uses,
+                                                  returned, block)
+        if pieces is None and not _producer(fn.bindings, k, uses, block, half):
             continue
         shapes = [bf16_conv_shape([a.type for a in cast(g.Call, c.value).args],
                                   cast(g.Call, c.value).attrs) for c in convs]
@@ -171,8 +192,9 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
         if len(layouts) != 1:
             continue  # the consumers want different borders
         ((pads, flat),) = layouts
+        rows = {HALF_WORDS: True} if half else {}
         if pieces is None:
-            words = call(BF16_WORDS, b.var, pads=pads, flat=flat)
+            words = call(BF16_WORDS, b.var, pads=pads, flat=flat, **rows)
             var = g.Var(f"{b.var.name}_words", words.ret_type)
             after[id(b.var)] = g.Binding(var, words)
         else:  # each piece's producer stores its words into the concat of words
@@ -187,7 +209,7 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
             conv = cast(g.Call, c.value)
             replaced[id(c.var)] = g.Binding(c.var, call(
                 CONV_BF16, var, *conv.args[1:], **dict(conv.attrs),
-                **{WORDS_INPUT: (shape.h, shape.w)}))
+                **{WORDS_INPUT: (shape.h, shape.w)}, **rows))
     if not replaced:
         return fn
     bindings: list[g.Binding] = []

@@ -13,8 +13,9 @@ paired (0, 1) and (2, zero)) and beside it a 7x7 layer with asymmetric pads on t
 input (neighbouring kernel columns paired: `row_taps`), added into the first, a 1x1
 layer 48 > 48 with a residual Add (one channel tile: each tile of positions converts
 its own input words, `stages_input`; 3 blocks, the last paired with zero), a
-strided unpadded 1x1 layer (its input subsampled as it is converted; 48 channels, an
-odd count of blocks, paired within each block), a 3x3 layer with a residual Add, a 3x3
+strided unpadded 1x1 layer (48 channels, an odd count of blocks, paired within each
+block: the 1x1 layer's residual Add stores them so, `half_words`, and the strided layer
+reads every other position's), a 3x3 layer with a residual Add, a 3x3
 layer to 256 channels (weights large enough that each tile prefetches the next channel
 tile's), a 1x1 layer to 24 channels (a partial output block; one channel tile, staged
 too, rather than over a run-time width), a
@@ -223,14 +224,14 @@ def test_every_layer_runs_in_bfloat16(built: Any) -> None:
     assert len(prefetching) == 1, prefetching
     # the 1x1 stride-1 kernels of one channel tile convert their input in their tiles
     # (one the kernel of both bottlenecks' first layers), the layers reading the words
-    # their producer stored (the 3x3 layer to 256 channels, the 1x1 layer to 24, two of
-    # `_bottlenecks`' and two of `_depthwise_bottlenecks`') read them in place, the
-    # others convert into a workspace first
+    # their producer stored (the strided 1x1 layer, the 3x3 layer to 256 channels, the
+    # 1x1 layer to 24, two of `_bottlenecks`' and two of `_depthwise_bottlenecks`') read
+    # them in place, the others convert into a workspace first
     staged = [name for name, f in ex.ir.prim_funcs().items()
               if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc_bf16"
               and not any(isinstance(s, t.Allocate) and s.buffer.name == "xbf16"
                           for s in iter_stmts(f.body))]
-    assert len(staged) == 12, staged
+    assert len(staged) == 13, staged
     # the 7x7 layer's weight: 3 channels x 7 rows x 4 words of column pairs (`row_taps`)
     assert any(isinstance(p, t.Buffer) and tuple(p.shape)[1:4] == (3, 7, 4)
                for f in ex.ir.prim_funcs().values() for p in f.params)
@@ -382,13 +383,14 @@ def test_preactivation_batchnorm_stays_blocked(preactivation: Any) -> None:
 def test_stored_words_match_converted_input(built: Any) -> None:
     """A layer reading the words its producer stored gives the outputs of one converting
     its float32 input itself, bit for bit (the same rounding; both match float32
-    onnxruntime: `test_bf16_conv_matches_float32`). Seven kernels store words: the 3x3
+    onnxruntime: `test_bf16_conv_matches_float32`). Eight kernels store words: the 1x1
+    layer 48 > 48 with its residual add (half blocks, for the strided 1x1 layer), the 3x3
     layer to 64 channels with its residual add (for the 3x3 layer to 256), that layer's
     (for the 1x1 layer to 24), the first bottleneck's three (the 3x3 layer and the pool
     into a concat) and the first depthwise bottleneck's two depthwise layers (for its
     padded 3x3 layer and its last 1x1 layer)."""
     ex, _ = built
-    assert sum("bf16_words" in name for name in ex.ir.functions) == 7
+    assert sum("bf16_words" in name for name in ex.ir.functions) == 8
     assert "fused_pool2d_nchwc_bf16_words" in ex.ir.functions
     assert sum(name.startswith("fused_conv2d_nchwc_depthwise") and "bf16_words" in name
                for name in ex.ir.functions) == 2
@@ -400,3 +402,59 @@ def test_stored_words_match_converted_input(built: Any) -> None:
         words, floats = (np.asarray(v) for v in pair)
         np.testing.assert_array_equal(words, floats)
         assert np.abs(words).max() > 0
+
+
+def _half_block_model() -> Any:
+    """MobileNetV2's odd counts of blocks twice over the same weights: a 1x1 layer 16 > 48
+    and ReLU6, a depthwise 3x3 layer (48 channels, 3 blocks) and ReLU6, a 1x1 projection
+    to 16 channels (one block), a 3x3 layer 16 > 48 with pads (1, 0, 1, 2) and ReLU, a
+    strided depthwise 3x3 layer, a 1x1 layer 48 > 16. In the first (output `words`) each
+    value between layers is read by the next layer only: each layer read by a
+    convolution (both depthwise layers and the projection) stores its words of half
+    blocks (`half_words`: word `v` pairs lanes `v` and `v + 8` of a block; the
+    projection's into the 3x3 layer's border, the others' as one row of positions); in
+    the second (`floats`) each is also a result, so stays float32 and is converted by
+    the layer reading it."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 16, 9, 10))
+    w1, d1, bd, w2, w3, d2, w4 = (
+        b.const(_weight(48, 16, 1, 1)), b.const(_weight(48, 1, 3, 3)), b.const(_weight(48)),
+        b.const(_weight(16, 48, 1, 1)), b.const(_weight(48, 16, 3, 3)),
+        b.const(_weight(48, 1, 3, 3)), b.const(_weight(16, 48, 1, 1)))
+    six = (b.const(np.float32(0.0)), b.const(np.float32(6.0)))
+    values = []
+    for name in ("words", "floats"):
+        e = b.op("Clip", b.op("Conv", x, w1), *six)
+        d = b.op("Clip", b.op("Conv", e, d1, bd, pads=[1, 1, 1, 1], group=48), *six)
+        p = b.op("Conv", d, w2)
+        q = b.op("Relu", b.op("Conv", p, w3, pads=[1, 0, 1, 2]))
+        r = b.op("Conv", q, d2, pads=[1, 1, 1, 1], strides=[2, 2], group=48)
+        b.node("Conv", [r, w4], [name])
+        b.output(name, (1, 16, 5, 5))
+        values = [(e, (1, 48, 9, 10)), (d, (1, 48, 9, 10)), (p, (1, 16, 9, 10)),
+                  (q, (1, 48, 9, 10)), (r, (1, 48, 5, 5))]
+    for k, (value, shape) in enumerate(values):
+        b.node("Identity", [value], [f"v{k}"])
+        b.output(f"v{k}", shape)
+    return b.model()
+
+
+def test_half_block_words_match_converted_input() -> None:
+    """Layers of an odd count of 16-lane blocks store their readers' words of half blocks
+    (kiln.transform.bf16_words): the first chain's two depthwise layers (the strided one
+    too) and its projection to 16 channels; the outputs of both chains are the same bit
+    for bit and match float32 onnxruntime."""
+    model = _half_block_model()
+    ex = kiln.compile(from_onnx(model), _bf16_host())
+    stores = [name for name in ex.ir.functions if "bf16_words" in name]
+    assert len(stores) == 3, stores
+    assert sum(name.startswith("fused_conv2d_nchwc_depthwise") for name in stores) == 2
+    funcs = ex.ir.prim_funcs()  # each stores rows of 8 words (the last parameter)
+    assert all(funcs[name].params[-1].dtype == "int32"
+               and funcs[name].params[-1].shape[-1] == 8 for name in stores)
+    x = RNG.standard_normal((1, 16, 9, 10)).astype(np.float32)
+    got = [np.asarray(v) for v in ex["main"](x)]
+    np.testing.assert_array_equal(got[0], got[1])
+    for want, value in zip(onnxruntime_outputs(model, {"x": x}), got, strict=True):
+        assert value.shape == want.shape
+        assert np.linalg.norm(value - want) / np.linalg.norm(want) <= TOL

@@ -12,9 +12,11 @@ float32 form does not: the two differ on values below 2^-126 only.
 
 `bf16_pair(lo, hi)` on AVX512-BF16 is one `llvm.x86.avx512bf16.cvtne2ps2bf16.512` per
 16 lanes (its 32 bfloat16 results, `lo`'s then `hi`'s, interleaved by one word
-permute); elsewhere, and on scalars or vectors of other widths, the rounding in int32
-arithmetic (the bits plus 0x7FFF plus the lowest kept bit, a NaN 0x7FC0), two
-instructions per 16 words against about fourteen.
+permute); a vector of fewer lanes that divide 16 (the 8-lane word rows of half blocks,
+kiln.ops.conv_bf16 `word_block`) is widened to 16 lanes for one such instruction, its
+words the first of the permute's. Elsewhere, and on scalars or vectors of other widths,
+the rounding in int32 arithmetic (the bits plus 0x7FFF plus the lowest kept bit, a NaN
+0x7FC0), two instructions per 16 words against about fourteen.
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ def emit_bf16_pair(b: ir.IRBuilder, mod: ir.Module, lanes: int,
     target's bfloat16 instruction lanes (`bf16_dot_lanes`; 0: the integer form)."""
     lo, hi = args
     n = lo.type.count if isinstance(lo.type, ir.VectorType) else 0
+    if lanes == ZMM_LANES and 1 < n < lanes and lanes % n == 0:
+        return _narrow_pair(b, mod, lanes, lo, hi)
     if lanes != ZMM_LANES or not n or n % lanes:
         upper_lo, upper_hi = _rounded_upper(b, lo), _rounded_upper(b, hi)
         low = b.lshr(upper_lo, splat(I32, n, 16) if n else ir.Constant(I32, 16))
@@ -103,6 +107,22 @@ def emit_bf16_pair(b: ir.IRBuilder, mod: ir.Module, lanes: int,
         words = b.shuffle_vector(halves, undef(ht), interleave)
         parts.append(b.bitcast(words, ir.VectorType(I32, lanes)))
     return _concat(b, parts, n)
+
+
+def _narrow_pair(b: ir.IRBuilder, mod: ir.Module, lanes: int, lo: ir.Value,
+                 hi: ir.Value) -> ir.Value:
+    """`bf16_pair` of `<n x float>` vectors, `n` a divisor of `lanes`: both widened to
+    `lanes` (their lanes repeated), one `vcvtne2ps2bf16`, the first `n` words kept."""
+    n = lo.type.count
+    ft, ht = ir.VectorType(F32, lanes), ir.VectorType(ir.IntType(16), 2 * lanes)
+    fn = intrinsic(mod, "llvm.x86.avx512bf16.cvtne2ps2bf16.512", ht, [ft, ft])
+    widen = ir.Constant(ir.VectorType(I32, lanes), [j % n for j in range(lanes)])
+    wide = [b.shuffle_vector(v, undef(v.type), widen) for v in (hi, lo)]
+    halves = b.call(fn, wide)
+    keep = ir.Constant(ir.VectorType(I32, 2 * n),
+                       [j // 2 + (lanes if j % 2 else 0) for j in range(2 * n)])
+    words = b.shuffle_vector(halves, undef(ht), keep)
+    return b.bitcast(words, ir.VectorType(I32, n))
 
 
 def emit_dot2_bf16(b: ir.IRBuilder, mod: ir.Module, lanes: int,

@@ -109,6 +109,7 @@ from kiln.kernels.tiles import nest as _nest
 from kiln.ops import layout, te
 from kiln.ops.conv_bf16 import (
     CONV_BF16,
+    HALF_WORDS,
     ROW_TAPS,
     WORDS_INPUT,
     bf16_conv_shape,
@@ -585,7 +586,8 @@ class NchwcBf16(Family):
         store, out, source = output.store, output.out, output.source
         word_pads = None
         if source is not None:  # the consumers' words (kiln.transform.bf16_words)
-            if cb % (2 * block) or shape.c_out % (2 * block):
+            unit = block if source.half else 2 * block  # the channels of a word row
+            if cb % unit or shape.c_out % unit:
                 return None
             word_pads = source.pads
         epilogue = store.epilogue
@@ -627,7 +629,7 @@ class NchwcBf16(Family):
         stmt = None
         # stored words (`[n][P][rows * cols][b]`) count pairs of blocks along their dim 1
         pairs = 2 if attrs.get(WORDS_INPUT) else 1
-        if (not staged
+        if (not staged and not attrs.get(HALF_WORDS)
               and run_time_width(shape, in_block, 5 if pairs == 2 else len(x.shape), prefetch)):
             blocks, rows = Var(WIDTH_NAME, INDEX_DTYPE), Var(WORDS_NAME, INDEX_DTYPE)
             wide_x = Buffer(x_buf.name, (x_buf.shape[0], blocks, *x_buf.shape[2:]),
@@ -666,7 +668,8 @@ class NchwcBf16(Family):
         tile = recorded_tile(call.attrs, 2, self.op) or bf16_tile(shape, isa)
         tile_w = min(tile[1], shape.out_h * shape.out_w)
         stored = bool(call.attrs.get(WORDS_INPUT))
-        if (not run_time_width(shape, in_block, 5 if stored else x.ndim, prefetch)
+        if (call.attrs.get(HALF_WORDS)
+                or not run_time_width(shape, in_block, 5 if stored else x.ndim, prefetch)
                 or (not stored and stages_input(shape, words[4], tile_w, words[1], prefetch,
                                                 isa))):
             return None

@@ -7,6 +7,8 @@ A tile's outputs go through the fused epilogue in float32 as the float32 stores'
 round to nearest, ties to even, as the consumer's own conversion would) stored at
 `[n][p][row + top][col + left][v]` of the consumer's padded workspace. The border's
 words of zeros are written before the tiles, a few rows and columns per pair of blocks.
+Words of half blocks (`half_words`: a reader of an odd count of blocks, kiln.ops.conv_bf16)
+pair lanes `v` and `v + b / 2` of each output block instead, rows of `b / 2` words.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def words_output(params: Sequence[te.Tensor], anchor: te.Tensor | None,
     if store is None:
         return None
     out = store.out if source is None else Buffer(
-        "out", words_shape(shape, source.pads, source.flat), "int32")
+        "out", words_shape(shape, source.pads, source.flat, source.half), "int32")
     return WordsOutput(store, out, source)
 
 
@@ -70,9 +72,12 @@ def word_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimExpr
     `ob`; `cb` a multiple of two blocks), staged in `stage`, as words into `out`
     (`[n][P][rows][cols][block]`, the border `pads` wide, or `[n][P][positions][block]`
     over rows of `width` positions): one vector of `block` words
-    per position and pair of blocks; a pair past `out`'s is not stored, nor a slot whose
-    `real` condition (None: always real) is false."""
-    subs = int(stage.shape[1]) // (2 * block)
+    per position and pair of blocks (of `block // 2` words per block where `out`'s rows
+    are half blocks: `cb` then any multiple of `block`); a pair past `out`'s is not
+    stored, nor a slot whose `real` condition (None: always real) is false."""
+    lanes = int(out.shape[-1])
+    half = lanes < block
+    subs = int(stage.shape[1]) // (block if half else 2 * block)
     pairs = int(out.shape[1])
     top, left = pads[:2]
 
@@ -80,10 +85,16 @@ def word_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimExpr
         oh, ow, pair = rows[r], cols[r], ob * subs + sub
         at = ((n, pair, oh * width + ow) if out.ndim == 4
               else (n, pair, oh + top, ow + left))
-        lo, hi = (_c((2 * sub + k) * block) for k in (0, 1))
-        st: Stmt = lanes_loop("v", block, lambda v: Store(out, bf16_word(
-            epilogue(stage[_c(r), lo + v], (n, 2 * pair, oh, ow, v)),
-            epilogue(stage[_c(r), hi + v], (n, 2 * pair + 1, oh, ow, v))), (*at, v)))
+        if half:  # lanes `v` and `v + lanes` of block `pair`
+            lo, hi = _c(sub * block), _c(sub * block + lanes)
+            st: Stmt = lanes_loop("v", lanes, lambda v: Store(out, bf16_word(
+                epilogue(stage[_c(r), lo + v], (n, pair, oh, ow, v)),
+                epilogue(stage[_c(r), hi + v], (n, pair, oh, ow, v + lanes))), (*at, v)))
+        else:
+            lo, hi = (_c((2 * sub + k) * block) for k in (0, 1))
+            st = lanes_loop("v", block, lambda v: Store(out, bf16_word(
+                epilogue(stage[_c(r), lo + v], (n, 2 * pair, oh, ow, v)),
+                epilogue(stage[_c(r), hi + v], (n, 2 * pair + 1, oh, ow, v))), (*at, v)))
         if pairs % subs:  # the last channel tile's pairs past the output
             st = IfThenElse(pair < pairs, st)
         cond = real[r]

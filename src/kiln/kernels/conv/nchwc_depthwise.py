@@ -15,7 +15,9 @@ group, kiln.transform.bf16_words: MobileNetV2's depthwise layers before their
 projections), a tile sums both blocks of a pair and rounds lane `v` of the two into one
 int32 word (`bf16_pair`), after the epilogue in float32, as the consumer's own
 conversion would: the float32 tensor and that pass are gone, and the layer writes half
-the bytes.
+the bytes. Words of half blocks (`half_words`: the readers of an odd count of blocks,
+MobileNetV2's 144 channels) take one block a tile and round its lanes `v` and `v + b / 2`
+into one word.
 """
 
 from __future__ import annotations
@@ -89,8 +91,10 @@ def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
     shape = conv_geometry(x.shape, attrs, (int(wp.shape[1]), int(wp.shape[2])))
     out_shape = layout.block_shape((shape.n, shape.c_out, shape.out_h, shape.out_w), block)
     output = words_output(params, anchor, result, out_shape)
-    # The consumers' words (kiln.transform.bf16_words) pair the channel blocks.
-    if output is None or (output.source is not None and int(out_shape[1]) % 2):
+    # The consumers' words (kiln.transform.bf16_words) pair the channel blocks, or the
+    # halves of each block (`half`: any count of them).
+    if output is None or (output.source is not None and int(out_shape[1]) % 2
+                          and not output.source.half):
         return None
     store, out, words = output.store, output.out, output.source
     tile = recorded_tile(attrs, 1, "conv2d_nchwc_depthwise")
@@ -191,7 +195,7 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
     """The loop nest (see the module docstring): `x` `[N][C/b][H][W][b]`, `w`
     `[C/b][kh][kw][b]`, `bias` `[C/b * b]` or None, `out` `[N][C/b][OH][OW][b]`, or
     the words `words` describes (`[N][C/2b][rows][cols][b]` or `[N][C/2b][OH * OW][b]`:
-    a tile then sums both blocks of a pair)."""
+    a tile then sums both blocks of a pair; of half blocks, `[N][C/b][...][b/2]`, one)."""
     sw, dw, left = shape.stride[1], shape.dilation[1], shape.pads[1]
     blocks = -(-shape.c_in // block)
     dtype = x.dtype
@@ -213,6 +217,13 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
 
     def tile(n: PrimExpr, cb: PrimExpr, oh: PrimExpr, ow0: PrimExpr,
              kws: list[list[int]]) -> Stmt:
+        def word_at(row: PrimExpr, ow: PrimExpr) -> tuple[PrimExpr, ...]:
+            """The index of word row `row`'s words at output `(oh, ow)` but the lane."""
+            assert words is not None
+            if words.flat:
+                return n, row, oh * shape.out_w + ow
+            return n, row, oh + words.pads[0], ow + words.pads[1]
+
         width = len(kws)
         stage = Buffer("stage", (width, block), dtype, "local")
         if words is None:
@@ -224,17 +235,24 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
                 return lanes_loop("v", block, lane)
 
             body = sums(n, cb, oh, ow0, kws, stage)
+        elif words.half:  # `cb` is a block: lanes `v` and `v + b / 2` into one word
+            lanes = block // 2
+
+            def put(j: PrimExpr) -> Stmt:
+                at = word_at(cb, ow0 + j)
+                return lanes_loop("v", lanes, lambda v: Store(out, bf16_word(
+                    value(stage, (n, cb, oh, ow0 + j, v), j),
+                    value(stage, (n, cb, oh, ow0 + j, v + lanes), j)), (*at, v)))
+
+            body = sums(n, cb, oh, ow0, kws, stage)
         else:  # `cb` is a pair of blocks: lane `v` of both rounded into one word
             upper = Buffer("stage", (width, block), dtype, "local")
-            w_top, w_left = words.pads[:2]
 
             def put(j: PrimExpr) -> Stmt:
                 ow = ow0 + j
-                at = ((n, cb, oh * shape.out_w + ow) if words.flat
-                      else (n, cb, oh + w_top, ow + w_left))
                 return lanes_loop("v", block, lambda v: Store(out, bf16_word(
                     value(stage, (n, 2 * cb, oh, ow, v), j),
-                    value(upper, (n, 2 * cb + 1, oh, ow, v), j)), (*at, v)))
+                    value(upper, (n, 2 * cb + 1, oh, ow, v), j)), (*word_at(cb, ow), v)))
 
             body = seq(sums(n, 2 * cb, oh, ow0, kws, stage),
                        sums(n, 2 * cb + 1, oh, ow0, kws, upper))
@@ -253,4 +271,5 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
         parts += [tile(n, cb, oh, _c(ow), [taps(ow)]) for ow in range(max(hi, lo), shape.out_w)]
         return seq(*parts)
 
-    return parallel_tiles((shape.n, blocks if words is None else blocks // 2, shape.out_h), row)
+    rows = blocks if words is None or words.half else blocks // 2
+    return parallel_tiles((shape.n, rows, shape.out_h), row)
