@@ -112,11 +112,12 @@ def emit_bf16_pair(b: ir.IRBuilder, mod: ir.Module, lanes: int,
 def _narrow_pair(b: ir.IRBuilder, mod: ir.Module, lanes: int, lo: ir.Value,
                  hi: ir.Value) -> ir.Value:
     """`bf16_pair` of `<n x float>` vectors, `n` a divisor of `lanes`: both widened to
-    `lanes` (their lanes repeated), one `vcvtne2ps2bf16`, the first `n` words kept."""
+    `lanes` (the lanes past `n` undefined: a half of a 16-lane vector stays in place),
+    one `vcvtne2ps2bf16`, the first `n` words kept."""
     n = lo.type.count
     ft, ht = ir.VectorType(F32, lanes), ir.VectorType(ir.IntType(16), 2 * lanes)
     fn = intrinsic(mod, "llvm.x86.avx512bf16.cvtne2ps2bf16.512", ht, [ft, ft])
-    widen = ir.Constant(ir.VectorType(I32, lanes), [j % n for j in range(lanes)])
+    widen = lanes_mask(0, lanes, n)
     wide = [b.shuffle_vector(v, undef(v.type), widen) for v in (hi, lo)]
     halves = b.call(fn, wide)
     keep = ir.Constant(ir.VectorType(I32, 2 * n),

@@ -237,14 +237,18 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
             body = sums(n, cb, oh, ow0, kws, stage)
         elif words.half:  # `cb` is a block: lanes `v` and `v + b / 2` into one word
             lanes = block // 2
+            # the epilogue on whole vectors first (not on each half: twice the operations)
+            done = Buffer("done", (width, block), dtype, "local")
 
             def put(j: PrimExpr) -> Stmt:
                 at = word_at(cb, ow0 + j)
-                return lanes_loop("v", lanes, lambda v: Store(out, bf16_word(
-                    value(stage, (n, cb, oh, ow0 + j, v), j),
-                    value(stage, (n, cb, oh, ow0 + j, v + lanes), j)), (*at, v)))
+                return seq(
+                    lanes_loop("v", block, lambda v: Store(
+                        done, value(stage, (n, cb, oh, ow0 + j, v), j), (j, v))),
+                    lanes_loop("v", lanes, lambda v: Store(out, bf16_word(
+                        done[j, v], done[j, v + lanes]), (*at, v))))
 
-            body = sums(n, cb, oh, ow0, kws, stage)
+            body = seq(sums(n, cb, oh, ow0, kws, stage), Allocate(done))
         else:  # `cb` is a pair of blocks: lane `v` of both rounded into one word
             upper = Buffer("stage", (width, block), dtype, "local")
 
