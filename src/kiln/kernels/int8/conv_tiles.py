@@ -135,6 +135,90 @@ def steps(words: Buffer | InPlace, groups: int, n: PrimExpr,
     return tile_loop("g", groups, lambda g: products(g, lambda p: words[n, g, p]))
 
 
+@dataclass(frozen=True)
+class PositionStores:
+    """The epilogue of a positions tile (`position_tiles`): each row requantized
+    (`RowEpilogue`; with its fused residual add, kiln.kernels.int8.conv_residual) and
+    stored along the output row into `flat_out`, or with `out_bytes` each 4 rows packed
+    into a word of 4 channels per position (WORDS_LAYOUT). `shape`: the tile's rows and
+    columns; `rest`: the positions of the last of `col_tiles` column tiles."""
+
+    flat_out: Buffer
+    epilogue: RowEpilogue
+    shape: tuple[int, int]
+    rest: int
+    col_tiles: int
+    oc_n: int
+    out_bytes: str | None
+
+    def of(self, n: PrimExpr, ct: PrimExpr, rt: PrimExpr, acc: Buffer, last: bool | None,
+           row: Callable[[PrimExpr], PrimExpr]) -> Stmt:
+        """The stores of the tile at column tile `ct`, row tile `rt` (`acc` its
+        accumulators, `last` whether it is the last column tile, None: either; `row(r)`
+        the output channel of row r)."""
+        epilogue, flat_out, out_bytes = self.epilogue, self.flat_out, self.out_bytes
+        (mr, nr), rest, width = self.shape, self.rest, int(acc.shape[1])
+        regs = epilogue.buffers()
+        # a fused residual add: its coefficients in registers, each row's residual
+        # elements copied into a local row before the stores read them
+        res = epilogue.residual.rows(width, nr) if epilogue.residual is not None else None
+
+        def output(regs_: Sequence[Buffer], accumulator: PrimExpr, v: PrimExpr,
+                   byte: int = 0) -> PrimExpr:
+            if res is None:
+                return epilogue.value(regs_, accumulator)
+            return res.value(epilogue.value_float(regs_, accumulator, res.shift), v, byte)
+
+        def along_row(first: PrimExpr, loads: Stmt, store_at: Callable[[PrimExpr], Stmt],
+                      at: Callable[[PrimExpr], tuple[PrimExpr, ...]]) -> Stmt:
+            # whole column tiles store unguarded (vector code); the last, partial one
+            # stores its positions only; rows past the last channel (whose first row is
+            # `first`) store nothing
+            def lanes(extent: int) -> Stmt:
+                stores = lanes_loop("v", extent, store_at)
+                return stores if res is None else seq(res.copy(extent, at), stores)
+
+            stores: Stmt = lanes(rest if last else width)
+            if rest != nr and last is None:
+                stores = IfThenElse(compare("lt", ct, self.col_tiles - 1), stores, lanes(rest))
+            stores = seq(loads, stores)
+            if self.oc_n % mr == 0:
+                return stores
+            return IfThenElse(compare("lt", rt * mr + first, self.oc_n), stores)
+
+        def store_row(r: PrimExpr) -> Stmt:
+            def at(v: PrimExpr) -> tuple[PrimExpr, ...]:
+                return (n, rt * mr + r, ct * nr + v)
+
+            return along_row(r, epilogue.load(regs, row(r)), lambda v: Store(
+                flat_out, output(regs, acc[r, v], v), at(v)), at)
+
+        setup = res.setup() if res is not None else ()
+        if out_bytes is None:
+            return seq(*(Allocate(b) for b in regs), *setup,
+                       tile_loop("r", mr, store_row, "unrolled"))
+        # WORDS_LAYOUT: rows 4 q .. 4 q + 3 (4 channels) requantized and packed to a word
+        # per position, along the lanes (vector code)
+        quad = [epilogue.buffers(f"_{b}") for b in range(qw.GROUP)]
+
+        def store_words(q: PrimExpr) -> Stmt:
+            first = q * qw.GROUP
+
+            def at(v: PrimExpr) -> tuple[PrimExpr, ...]:
+                return (n, rt * (mr // qw.GROUP) + q, ct * nr + v)
+
+            def store(v: PrimExpr) -> Stmt:
+                word = dot.pack_word(lambda b: unsigned_byte(
+                    output(quad[b], acc[first + b, v], v, b), out_bytes))
+                return Store(flat_out, word, at(v))
+
+            return along_row(first, seq(*(epilogue.load(quad[b], row(first + b))
+                                          for b in range(qw.GROUP))), store, at)
+
+        return seq(*(Allocate(b) for regs_ in quad for b in regs_), *setup,
+                   tile_loop("q", mr // qw.GROUP, store_words, "unrolled"))
+
+
 def position_tiles(words: Buffer | InPlace, ww: Buffer, flat_out: Buffer, tile: ConvTile,
                    epilogue: RowEpilogue, positions: int, oc_n: int, big: bool,
                    intrinsic: str = DOT4_U8S8,
@@ -180,65 +264,8 @@ def position_tiles(words: Buffer | InPlace, ww: Buffer, flat_out: Buffer, tile: 
                 (r, v)), "vectorized"), "unrolled")
 
         step = steps(words, groups, n, products)
-        regs = epilogue.buffers()
-        # a fused residual add: its coefficients in registers, each row's residual
-        # elements copied into a local row before the stores read them
-        res = epilogue.residual.rows(width, nr) if epilogue.residual is not None else None
-
-        def output(regs_: Sequence[Buffer], accumulator: PrimExpr, v: PrimExpr,
-                   byte: int = 0) -> PrimExpr:
-            if res is None:
-                return epilogue.value(regs_, accumulator)
-            return res.value(epilogue.value_float(regs_, accumulator, res.shift), v, byte)
-
-        def along_row(first: PrimExpr, loads: Stmt, store_at: Callable[[PrimExpr], Stmt],
-                      at: Callable[[PrimExpr], tuple[PrimExpr, ...]]) -> Stmt:
-            # whole column tiles store unguarded (vector code); the last, partial one
-            # stores its positions only; rows past the last channel (whose first row is
-            # `first`) store nothing
-            def lanes(extent: int) -> Stmt:
-                stores = lanes_loop("v", extent, store_at)
-                return stores if res is None else seq(res.copy(extent, at), stores)
-
-            stores: Stmt = lanes(rest if last else width)
-            if rest != nr and last is None:
-                stores = IfThenElse(compare("lt", ct, col_tiles - 1), stores, lanes(rest))
-            stores = seq(loads, stores)
-            if oc_n % mr == 0:
-                return stores
-            return IfThenElse(compare("lt", rt * mr + first, oc_n), stores)
-
-        def store_row(r: PrimExpr) -> Stmt:
-            def at(v: PrimExpr) -> tuple[PrimExpr, ...]:
-                return (n, rt * mr + r, ct * nr + v)
-
-            return along_row(r, epilogue.load(regs, row(r)), lambda v: Store(
-                flat_out, output(regs, acc[r, v], v), at(v)), at)
-
-        setup = res.setup() if res is not None else ()
-        if out_bytes is None:
-            return seq(Allocate(acc), zero, step, *(Allocate(b) for b in regs), *setup,
-                       tile_loop("r", mr, store_row, "unrolled"))
-        # WORDS_LAYOUT: rows 4 q .. 4 q + 3 (4 channels) requantized and packed to a word
-        # per position, along the lanes (vector code)
-        quad = [epilogue.buffers(f"_{b}") for b in range(qw.GROUP)]
-
-        def store_words(q: PrimExpr) -> Stmt:
-            first = q * qw.GROUP
-
-            def at(v: PrimExpr) -> tuple[PrimExpr, ...]:
-                return (n, rt * (mr // qw.GROUP) + q, ct * nr + v)
-
-            def store(v: PrimExpr) -> Stmt:
-                word = dot.pack_word(lambda b: unsigned_byte(
-                    output(quad[b], acc[first + b, v], v, b), out_bytes))
-                return Store(flat_out, word, at(v))
-
-            return along_row(first, seq(*(epilogue.load(quad[b], row(first + b))
-                                          for b in range(qw.GROUP))), store, at)
-
-        return seq(Allocate(acc), zero, step, *(Allocate(b) for regs_ in quad for b in regs_),
-                   *setup, tile_loop("q", mr // qw.GROUP, store_words, "unrolled"))
+        stores = PositionStores(flat_out, epilogue, (mr, nr), rest, col_tiles, oc_n, out_bytes)
+        return seq(Allocate(acc), zero, step, stores.of(n, ct, rt, acc, last, row))
 
     if blocks is not None:
         per, fill = blocks
@@ -277,18 +304,12 @@ def channel_tiles(words: Buffer | InPlace, ww: Buffer, flat_out: Buffer, tile: C
     `flat_out`'s). With `words_out`, `flat_out` is int32 words of 4 channels `[N][OC /
     4][positions]` (WORDS_LAYOUT): each row's bytes are 4 channels to a word already.
     The tiles run in parallel panel by panel (`tiles_of`): a thread keeps its weight
-    panel in cache while the positions' words stream past it. With `residual` (a fused
-    residual add, viewed as `flat_out`) each tile first copies its residual elements
-    into a tile of values (`residual_tile`), added along the lanes as it requantizes."""
+    panel in cache while the positions' words stream past it. `residual`: a fused
+    residual add (`residual_tile`), viewed as `flat_out`."""
     batch, groups = int(flat_out.shape[0]), int(ww.shape[1])
     mr, nr = tile.rows, tile.cols
     col_tiles, row_tiles = int(ww.shape[0]), -(-positions // mr)
-    # where each row of the tiles reads its words, computed once per call: per tile it
-    # was a clamp and a division per row (the grid's row width), which LLVM turned into
-    # ~170 instructions of byte-vector arithmetic in every tile
-    table = Buffer("row_words", (row_tiles * mr,), "int32", "global")
-    fill = tile_loop("p", row_tiles * mr, lambda p: Store(
-        table, Cast("int32", word_at(p)), (p,)))
+    table, fill = _row_words(row_tiles * mr, word_at)
 
     def row_word(p: PrimExpr) -> PrimExpr:
         return Cast(INDEX_DTYPE, table[p])
@@ -369,6 +390,15 @@ def channel_tiles(words: Buffer | InPlace, ww: Buffer, flat_out: Buffer, tile: C
     if out_words is not None:
         tiles = seq(DeclBuffer(out_words, flat_out, 0), tiles)
     return seq(Allocate(table), fill, tiles)
+
+
+def _row_words(rows: int, word_at: Callable[[PrimExpr], PrimExpr]) -> tuple[Buffer, Stmt]:
+    """Where each row of the channels tiles reads its words (`word_at`), and its fill:
+    computed once per call, as per tile it was a clamp and a division per row (the
+    grid's row width), which LLVM turned into ~170 instructions of byte-vector arithmetic
+    in every tile."""
+    table = Buffer("row_words", (rows,), "int32", "global")
+    return table, tile_loop("p", rows, lambda p: Store(table, Cast("int32", word_at(p)), (p,)))
 
 
 def residual_tile(residual: Residual | None, n: PrimExpr, ct: PrimExpr, pt: PrimExpr,
