@@ -405,31 +405,33 @@ def residual_tile(residual: Residual | None, n: PrimExpr, ct: PrimExpr, pt: Prim
                   shape: tuple[int, int], positions: int, oc_n: int
                   ) -> tuple[Callable[[PrimExpr, PrimExpr, PrimExpr], PrimExpr], Stmt]:
     """A channels tile's fused residual add: `(added(value, r, v), fill)`, `fill` copying
-    the tile's residual values (rows: positions from pt * mr, lanes: channels from ct *
-    nr; clamped to the last) into a local tile, along which `added` then adds them to
-    the requantized values (vector code). Without `residual`, the values unchanged."""
+    the tile's residual elements (rows: positions from pt * mr, lanes: channels from ct *
+    nr; clamped to the last) into a local tile of bytes, along which `added` then adds
+    them to the requantized values (vector code: a byte load widened per vector). Words
+    of 4 channels are copied whole (a row's nr / 4 words are its nr bytes, read through
+    a byte view of the local words); NCHW bytes one at a time. Without `residual`, the
+    values unchanged."""
     if residual is None:
         return (lambda value, r, v: value), seq()
     mr, nr = shape
-    values = Buffer("residual_tile", (mr, nr), "int32", "local")
-    regs = residual.registers()
-    view = residual.view
-
-    def row(r: PrimExpr) -> Stmt:
-        p = min_(pt * mr + r, positions - 1)
-        if residual.words:  # words of 4 channels: each word's 4 bytes
-            quads = nr // qw.GROUP
-            return tile_loop("j", quads, lambda j: seq(*(Store(values, residual.element(
-                view[n, min_(ct * quads + j, oc_n // qw.GROUP - 1), p], b), (r, j * qw.GROUP + b))
-                for b in range(qw.GROUP))))
-        return tile_loop("v", nr, lambda v: Store(values, residual.element(
-            view[n, min_(ct * nr + v, oc_n - 1), p]), (r, v)))
+    regs, view = residual.registers(), residual.view
+    values = Buffer("residual_tile", (mr, nr), residual.dtype, "local")
+    if residual.words:
+        quads = nr // qw.GROUP
+        words = Buffer("residual_words", (mr, quads), "int32", "local")
+        copy = tile_loop("r", mr, lambda r: tile_loop("j", quads, lambda j: Store(words, view[
+            n, min_(ct * quads + j, oc_n // qw.GROUP - 1), min_(pt * mr + r, positions - 1)],
+            (r, j))))
+        tile: tuple[Stmt, ...] = (Allocate(words), copy, DeclBuffer(values, words, 0))
+    else:
+        tile = (Allocate(values), tile_loop("r", mr, lambda r: tile_loop("v", nr, lambda v: Store(
+            values, view[n, min_(ct * nr + v, oc_n - 1), min_(pt * mr + r, positions - 1)],
+            (r, v)))))
 
     def added(value: PrimExpr, r: PrimExpr, v: PrimExpr) -> PrimExpr:
-        return residual.value(regs, residual.shifted(value), values[r, v])
+        return residual.value(regs, residual.shifted(value), Cast("int32", values[r, v]))
 
-    fill = seq(Allocate(values), Allocate(regs), residual.load(regs), tile_loop("r", mr, row))
-    return added, fill
+    return added, seq(Allocate(regs), residual.load(regs), *tile)
 
 
 def flat_output(out: Buffer, out_words: bool, positions: int) -> Buffer:
