@@ -161,12 +161,13 @@ def test_timing_instrument_reports_nested_passes() -> None:
     with PassContext(instruments=[timing]):
         get_pipeline("default", "graph")(_module())
     names = [t.name for t in timing.timings]
-    assert names == ["graph-default", "quantize-ops", "quant-layout", "fold-constants",
+    assert names == ["graph-default", "quantize-ops", "quant-layout", "quant-residual",
+                     "fold-constants",
                      "recognize-composites", "fold-batchnorm", "merge-copies",
                      "pool-before-pointwise", "block-convolutions", "nchwc-layout",
                      "block-matmuls", "block-attention", "last-position", "fuse-ops",
                      "legalize-ops", "dead-code-elimination", "lower-graph-to-tensor"]
-    assert [t.depth for t in timing.timings] == [0] + [1] * 16
+    assert [t.depth for t in timing.timings] == [0] + [1] * 17
     assert all(t.seconds >= 0 for t in timing.timings)
     assert timing.total() == timing.timings[0].seconds
     report = timing.report().splitlines()
@@ -182,7 +183,8 @@ def test_dump_ir_to_directory_and_callback(tmp_path: Path) -> None:
     with PassContext(instruments=[dump, cb]):
         get_pipeline("default", "graph")(_module())
     files = sorted(p.name for p in (tmp_path / "dumps").iterdir())
-    passes = ["quantize-ops", "quant-layout", "fold-constants", "recognize-composites",
+    passes = ["quantize-ops", "quant-layout", "quant-residual", "fold-constants",
+              "recognize-composites",
               "fold-batchnorm", "merge-copies", "pool-before-pointwise", "block-convolutions",
               "nchwc-layout", "block-matmuls", "block-attention", "last-position", "fuse-ops",
               "legalize-ops", "dead-code-elimination", "lower-graph-to-tensor"]

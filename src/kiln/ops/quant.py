@@ -505,16 +505,7 @@ def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int,
     (one instruction less a vector on AVX2: kiln.kernels.int8.conv_tile.narrows_by_packs;
     the channels tile, which narrows into a small buffer, gains nothing from it and does
     not take it)."""
-    z = Cast("float32", zp)
-    v = Cast("float32", acc) * multiplier
-    lo_, hi_ = as_expr(float(lo), "float32") - z, as_expr(float(hi), "float32") - z
-    # the lower bound first, as `v > lo ? v : lo` (one `maxps`): a NaN (a NaN or
-    # infinite scale given at run time) goes to `lo`, as onnxruntime's kernels give it
-    v = select(compare("gt", v, lo_), v, lo_)
-    if selects:
-        v = select(compare("gt", v, hi_), hi_, v)
-    else:
-        v = min_(hi_, v) if bounds_first else min_(v, hi_)
+    v = _scaled_clamped(acc, multiplier, zp, lo, hi, bounds_first, selects)
     if magic_round:
         bits = reinterpret(v + as_expr(ROUNDING_MAGIC, "float32"), "int32")
         q = bits - (as_expr(MAGIC_BITS, "int32") - Cast("int32", zp))
@@ -522,6 +513,32 @@ def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int,
             q = min_(max_(q, as_expr(lo, "int32")), as_expr(hi, "int32"))
         return Cast(out_dtype, q)
     return Cast(out_dtype, Cast("int32", intrin("round", v)) + Cast("int32", zp))
+
+
+def _scaled_clamped(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int, hi: int,
+                    bounds_first: bool, selects: bool) -> PrimExpr:
+    """`clamp(float32(acc) * multiplier, lo - zp, hi - zp)`, as `requantize_value` says."""
+    z = Cast("float32", zp)
+    v = Cast("float32", acc) * multiplier
+    lo_, hi_ = as_expr(float(lo), "float32") - z, as_expr(float(hi), "float32") - z
+    # the lower bound first, as `v > lo ? v : lo` (one `maxps`): a NaN (a NaN or
+    # infinite scale given at run time) goes to `lo`, as onnxruntime's kernels give it
+    v = select(compare("gt", v, lo_), v, lo_)
+    if selects:
+        return select(compare("gt", v, hi_), hi_, v)
+    return min_(hi_, v) if bounds_first else min_(v, hi_)
+
+
+def requantize_float(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int, hi: int,
+                     shift: int = 0) -> PrimExpr:
+    """`requantize_value(..., selects=True)`'s integer plus `shift`, as an exact float32:
+    the clamped value rounded by adding ROUNDING_MAGIC, then less (ROUNDING_MAGIC - zp -
+    shift), both exact (the sum is an integer within 510 of ROUNDING_MAGIC). For a
+    value that float32 arithmetic takes next (a fused residual add,
+    kiln.kernels.int8.conv_residual) without a conversion to an integer and back."""
+    v = _scaled_clamped(acc, multiplier, zp, lo, hi, False, True)
+    rounded = v + as_expr(ROUNDING_MAGIC, "float32")
+    return rounded - (as_expr(ROUNDING_MAGIC - shift, "float32") - Cast("float32", zp))
 
 
 def requantize_ref(acc: np.ndarray, multiplier: np.ndarray, zp: np.ndarray, lo: int, hi: int,

@@ -19,6 +19,14 @@ Between such convolutions the activations may be kept as words of 4 channels
 (WORDS_LAYOUT, `NCHW4c`: attributes `in_layout` / `out_layout`, chosen by
 kiln.transform.quant_layout): `reads_words` and `writes_words` say which convolutions
 may read and write them.
+
+A residual `qlinear_add` whose operand is the convolution's output may be fused into it
+(kiln.transform.quant_residual): the op then takes the add's other operand and scalars
+after its own, `(x, w_words, bias, x_zp, multiplier, y_zp, residual, a_scale, a_zp,
+b_scale, b_zp, y_scale, y_zp_add)`, attribute `residual_operand` (0: the convolution's
+output is the add's `a`, 1: its `b`) and `residual_as_uint8` (the add's `as_uint8`), and
+computes the convolution's requantized value, then the add (kiln.ops.quant_elementwise)
+of it and the residual element, which has the output's shape and layout.
 """
 
 from __future__ import annotations
@@ -36,9 +44,10 @@ from kiln.ops import te
 from kiln.ops.layout import block_shape, blocked_layout, from_blocked, reorder, to_blocked
 from kiln.ops.nn import conv_geometry
 from kiln.ops.quant import channel, check_requant, conv_int_shape, out_range, requantize_value
+from kiln.ops.quant_elementwise import ADD, add_tensors, qlinear_add_ref
 from kiln.ops.quant_packed import conv_packed_ref
 from kiln.ops.quant_words import unpacked_weight
-from kiln.ops.registry import register_op
+from kiln.ops.registry import get_op, register_op
 
 Attrs = Mapping[str, Any]
 CONV_DOT = "qlinear_conv_dot"
@@ -46,6 +55,29 @@ CONV_DOT = "qlinear_conv_dot"
 #: with 4 channels to a word, `[N][C / 4][H][W][4]` bytes, the unit the dot form's input
 #: word holds (k = (tap, c)): read in place, no byte gather from 4 channel planes.
 WORDS_LAYOUT = blocked_layout(qw.GROUP)
+#: Operands of the convolution itself; a fused residual add's follow (`residual_args`).
+CONV_ARGS = 6
+#: The attributes of a fused residual add (the module docstring).
+RESIDUAL_ATTRS = ("residual_operand", "residual_as_uint8")
+
+
+def fused_residual(attrs: Attrs) -> bool:
+    """Whether a `qlinear_conv_dot` with `attrs` carries a fused residual add."""
+    return "residual_operand" in attrs
+
+
+def add_operands(conv: Any, rest: Sequence[Any], attrs: Attrs) -> list[Any]:
+    """The operands of the fused `qlinear_add` (a, a_scale, a_zp, b, b_scale, b_zp,
+    y_scale, y_zp): `conv` the convolution's output, `rest` the op's operands after its
+    own (residual, a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)."""
+    residual, a_scale, a_zp, b_scale, b_zp, y_scale, y_zp = rest
+    a, b = (conv, residual) if int(attrs["residual_operand"]) == 0 else (residual, conv)
+    return [a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp]
+
+
+def add_attrs(attrs: Attrs) -> dict[str, Any]:
+    """The fused `qlinear_add`'s attributes."""
+    return {"as_uint8": True} if attrs.get("residual_as_uint8") else {}
 
 
 def tap_major_k(attrs: Attrs) -> bool:
@@ -102,6 +134,21 @@ def _nchw_input(x: TensorType, in_words: bool) -> TensorType:
 
 def conv_dot_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     """The type rule of `qlinear_conv_dot` (its operands checked)."""
+    if fused_residual(attrs) != (len(types) == CONV_ARGS + 7):
+        raise IRError(f"{CONV_DOT}: takes {CONV_ARGS} operands, {CONV_ARGS + 7} with a fused "
+                      f"residual add (attribute residual_operand), got {len(types)}")
+    out = _conv_type(types[:CONV_ARGS], attrs)
+    if fused_residual(attrs):
+        if int(attrs["residual_operand"]) not in (0, 1) or types[CONV_ARGS] != out:
+            raise IRError(f"{CONV_DOT}: a fused residual add takes residual_operand 0 or 1 "
+                          f"and a residual of the output's type {out}, got "
+                          f"{attrs['residual_operand']!r} and {types[CONV_ARGS]}")
+        get_op(ADD).infer(add_operands(out, types[CONV_ARGS:], attrs), add_attrs(attrs))
+    return out
+
+
+def _conv_type(types: Sequence[TensorType], attrs: Attrs) -> TensorType:
+    """The output type of the convolution itself (its operands checked)."""
     x, ww, bias, x_zp, multiplier, y_zp = types
     ws = w_shape(attrs)
     groups = -(-int(np.prod(ws[1:])) // qw.word_group(attrs))
@@ -133,6 +180,14 @@ def conv_dot_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
 
 def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     """The tensor-expression definition (used where the tiled kernel is not)."""
+    y = _build_conv(inputs[:CONV_ARGS], attrs)
+    if not fused_residual(attrs):
+        return y
+    return add_tensors(add_operands(y, inputs[CONV_ARGS:], attrs), add_attrs(attrs))
+
+
+def _build_conv(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """The convolution's own tensor-expression definition."""
     x, ww, bias, x_zp, multiplier, y_zp = inputs
     in_words, out_words = layouts(attrs)
     if in_words:  # read through an NCHW view of the words
@@ -173,14 +228,23 @@ def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 
 def _reference(x: np.ndarray, ww: np.ndarray, bias: np.ndarray, x_zp: np.ndarray,
-               multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
+               multiplier: np.ndarray, y_zp: np.ndarray, *rest: np.ndarray, **attrs: Any
+               ) -> np.ndarray:
+    y = _conv_reference(x, ww, bias, x_zp, multiplier, y_zp, **attrs)
+    if not fused_residual(attrs):
+        return y
+    return qlinear_add_ref(*add_operands(y, rest, attrs), **add_attrs(attrs))
+
+
+def _conv_reference(x: np.ndarray, ww: np.ndarray, bias: np.ndarray, x_zp: np.ndarray,
+                    multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
     w = unpacked_weight(ww, w_shape(attrs), tap_major_k(attrs), qw.word_group(attrs))
     in_words, out_words = layouts(attrs)
     if in_words:
         x = from_blocked(x, x.shape[1] * qw.GROUP)
     shift = qw.a_shift(str(x.dtype))
     rest = {a: v for a, v in attrs.items()
-            if a not in ("w_shape", "k_group", "in_layout", "out_layout")}
+            if a not in ("w_shape", "k_group", "in_layout", "out_layout", *RESIDUAL_ATTRS)}
     y = conv_packed_ref(x.astype(np.int64) + shift, w, bias,
                         np.asarray(int(x_zp) + shift), multiplier, y_zp, **rest)
     return to_blocked(y, qw.GROUP) if out_words else y

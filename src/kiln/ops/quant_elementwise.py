@@ -135,7 +135,7 @@ def _elementwise(inputs: Sequence[te.Tensor], name: str,
 
 # --------------------------------------------------------------------------- qlinear_add
 
-def _shifted(v: PrimExpr, shift: int) -> PrimExpr:
+def shifted(v: PrimExpr, shift: int) -> PrimExpr:
     """`v` as float32, plus `shift` (exact: an 8-bit value plus 128)."""
     return as_float32(v) + float(shift) if shift else as_float32(v)
 
@@ -146,19 +146,37 @@ def add_value(swap: bool, shift: int = 0
     operands and zero points + `shift` (`as_uint8`)."""
 
     def value(av: PrimExpr, bv: PrimExpr, params: Sequence[PrimExpr]) -> PrimExpr:
-        sa, za, sb, zb, sy, zy = params
-        span, span_scale, span_zp, other, other_scale, other_zp = (
-            (bv, sb, zb, av, sa, za) if swap else (av, sa, za, bv, sb, zb))
-        rs, ro = span_scale / sy, other_scale / sy
-        fixed = _shifted(zy, shift) - intrin("fma", rs, _shifted(span_zp, shift),
-                                             ro * _shifted(other_zp, shift))
-        return intrin("fma", _shifted(span, shift), rs,
-                      intrin("fma", _shifted(other, shift), ro, fixed))
+        span, other = (bv, av) if swap else (av, bv)
+        return add_combine(shifted(span, shift), shifted(other, shift),
+                           add_coefficients(params, swap, shift))
 
     return value
 
 
-def _add_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+def add_coefficients(params: Sequence[PrimExpr], swap: bool, shift: int = 0
+                     ) -> tuple[PrimExpr, PrimExpr, PrimExpr]:
+    """MLAS's QLinearAdd coefficients `(rs, ro, fixed)` of the span operand, the other
+    one and the constant term (the module docstring), from the scalars `params` (a_scale,
+    a_zp, b_scale, b_zp, y_scale, y_zp); `swap`: `b` is the span."""
+    sa, za, sb, zb, sy, zy = params
+    span_scale, span_zp, other_scale, other_zp = (sb, zb, sa, za) if swap else (sa, za, sb, zb)
+    rs, ro = span_scale / sy, other_scale / sy
+    fixed = shifted(zy, shift) - intrin("fma", rs, shifted(span_zp, shift),
+                                         ro * shifted(other_zp, shift))
+    return rs, ro, fixed
+
+
+def add_combine(span: PrimExpr, other: PrimExpr, coefficients: Sequence[PrimExpr]
+                ) -> PrimExpr:
+    """QLinearAdd of one span and one other element (float32, `shifted`) by
+    `add_coefficients`' `(rs, ro, fixed)`, before saturation."""
+    rs, ro, fixed = coefficients
+    return intrin("fma", span, rs, intrin("fma", other, ro, fixed))
+
+
+def add_tensors(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """The tensor-expression definition of `qlinear_add` (also the residual add fused into
+    a dot-form convolution, kiln.ops.quant_conv_words)."""
     shift = uint8_shift(attrs)
     return _elementwise(inputs, ADD, add_value(swaps_operands(inputs[0].shape,
                                                               inputs[3].shape), shift), shift)
@@ -213,7 +231,7 @@ def qlinear_add_ref(a: np.ndarray, a_scale: np.ndarray, a_zp: np.ndarray, b: np.
 # "injective": a kernel of its own (it may head a fused elementwise chain), never a tail
 # fused into the integer convolution before it, whose hand-built tiles would then lose
 # their vectorized epilogue (and run far slower).
-register_op(ADD, pattern="injective", infer=_infer(ADD), compute=_add_compute,
+register_op(ADD, pattern="injective", infer=_infer(ADD), compute=add_tensors,
             reference=qlinear_add_ref)
 
 
@@ -226,7 +244,7 @@ def _mul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         sa, za, sb, zb, sy, zy = params
         da = Cast("int32", av) - Cast("int32", za)
         db = Cast("int32", bv) - Cast("int32", zb)
-        return Cast("float32", da * db) * (sa * sb / sy) + _shifted(zy, shift)
+        return Cast("float32", da * db) * (sa * sb / sy) + shifted(zy, shift)
 
     return _elementwise(inputs, MUL, value, shift)
 

@@ -69,7 +69,8 @@ def nchwc_graph_pipeline() -> Sequential:
 def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     """Fuse quantized QDQ patterns into integer ops (before fold-constants turns dequantized
     weights into float constants) and keep the int8 activations between their dot-form
-    convolutions in words of 4 channels (kiln.transform.quant_layout), fold constants,
+    convolutions in words of 4 channels (kiln.transform.quant_layout) and fuse their
+    residual adds into the convolutions (kiln.transform.quant_residual), fold constants,
     recognize spelled-out GELU and layer norm (recognize-composites), fold BatchNorm,
     merge reshape/transpose chains into one copy and read transposed matmul operands in
     place (merge-copies), average-pool a 1x1 convolution's input rather than its output
@@ -144,10 +145,13 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     from kiln.transform.quant_layout import (
         QuantLayout,  # lazy: kiln.transform.registry loads it on first use
     )
+    from kiln.transform.quant_residual import (
+        QuantResidual,  # lazy: kiln.transform.registry loads it on first use
+    )
 
-    return Sequential([QuantizeOps(), QuantLayout(), FoldConstants(), RecognizeComposites(),
-                       FoldBatchNorm(), MergeCopies(), PoolBeforePointwise(), *blas,
-                       BlockConvolutions(), *layout,
+    return Sequential([QuantizeOps(), QuantLayout(), QuantResidual(), FoldConstants(),
+                       RecognizeComposites(), FoldBatchNorm(), MergeCopies(),
+                       PoolBeforePointwise(), *blas, BlockConvolutions(), *layout,
                        BlockMatmuls(), BlockAttention(), LastPosition(), FuseOps(),
                        LegalizeOps(), DeadCodeElimination(), LowerGraphToTensor()],
                       name="graph-default")

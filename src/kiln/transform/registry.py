@@ -22,6 +22,7 @@ PASSES: Registry[type[Pass]] = Registry("pass")
 for _name, _path in {
     "quantize-ops": "kiln.transform.quantize_ops:QuantizeOps",
     "quant-layout": "kiln.transform.quant_layout:QuantLayout",
+    "quant-residual": "kiln.transform.quant_residual:QuantResidual",
     "fold-constants": "kiln.transform.fold_constants:FoldConstants",
     "fold-batchnorm": "kiln.transform.fold_batchnorm:FoldBatchNorm",
     "merge-copies": "kiln.transform.merge_copies:MergeCopies",

@@ -78,6 +78,7 @@ from kiln.kernels.int8.conv_input import (
     padded_words,
     spread,
 )
+from kiln.kernels.int8.conv_residual import Residual
 from kiln.kernels.int8.conv_tile import ConvTile, channel_rows, narrows_by_packs, position_rows
 from kiln.kernels.int8.conv_tiles import (
     InPlace,
@@ -94,7 +95,15 @@ from kiln.ops import quant_words as qw
 from kiln.ops import te
 from kiln.ops.nn import conv_geometry
 from kiln.ops.quant import out_range, requantize_value
-from kiln.ops.quant_conv_words import CONV_DOT, conv_dot_infer, layouts, tap_major_k, w_shape
+from kiln.ops.quant_conv_words import (
+    CONV_ARGS,
+    CONV_DOT,
+    conv_dot_infer,
+    fused_residual,
+    layouts,
+    tap_major_k,
+    w_shape,
+)
 from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
@@ -122,7 +131,10 @@ class TiledConv:
         if result is not None or len(args) != len(params) or dot_isa is None \
                 or dot.k_group(dot_isa) != qw.word_group(attrs):
             return None  # (words packed for another target: the te definition reads them)
-        x, ww, bias, x_zp, multiplier, y_zp = (Buffer(t.name, t.shape, t.dtype) for t in params)
+        buffers = [Buffer(t.name, t.shape, t.dtype) for t in params]
+        x, ww, bias, x_zp, multiplier, y_zp = buffers[:CONV_ARGS]
+        # a fused residual add's operands follow the convolution's
+        residual = Residual.of(buffers[CONV_ARGS:], attrs) if fused_residual(attrs) else None
         out_type = conv_dot_infer([TensorType(t.shape, t.dtype) for t in params], attrs)
         assert isinstance(out_type, TensorType)
         out = Buffer("out", out_type.shape, y_zp.dtype)
@@ -130,17 +142,20 @@ class TiledConv:
         chunk = batch_chunk(conv_schedule(x, ww, bias, multiplier, y_zp, out, attrs, dot_isa),
                             dot_isa)
         if chunk == batch:
-            body = tiles(x, ww, bias, x_zp, multiplier, y_zp, out, attrs, dot_isa)
+            body = tiles(x, ww, bias, x_zp, multiplier, y_zp, out, attrs, dot_isa,
+                         residual=residual)
         else:  # the kernel of `chunk` samples, run on each chunk's slice
-            x_c, out_c = (Buffer(f"{b.name}_chunk", (chunk, *b.shape[1:]), b.dtype)
-                          for b in (x, out))
+            sliced = (x, out) if residual is None else (x, out, residual.source)
+            views = [(b, Buffer(f"{b.name}_chunk", (chunk, *b.shape[1:]), b.dtype), True)
+                     for b in sliced]
             kind = chunks_kind(batch // chunk)
-            body, _ = chunk_loop(batch, as_expr(0, INDEX_DTYPE), chunk,
-                                 [(x, x_c, True), (out, out_c, True)],
-                                 tiles(x_c, ww, bias, x_zp, multiplier, y_zp, out_c, attrs,
-                                       dot_isa, serial=kind == "parallel"), kind)
-        return PrimFunc((x, ww, bias, x_zp, multiplier, y_zp, out), body,
-                        {ATTR_GEMM_KERNEL: CONV_DOT})
+            body, _ = chunk_loop(batch, as_expr(0, INDEX_DTYPE), chunk, views,
+                                 tiles(views[0][1], ww, bias, x_zp, multiplier, y_zp,
+                                       views[1][1], attrs, dot_isa,
+                                       serial=kind == "parallel",
+                                       residual=residual and residual.chunk(views[2][1])),
+                                 kind)
+        return PrimFunc((*buffers, out), body, {ATTR_GEMM_KERNEL: CONV_DOT})
 
 
 def batch_chunk(s: ConvSchedule, isa: ISA) -> int:
@@ -281,14 +296,22 @@ def conv_schedule(x: Buffer, ww: Buffer, bias: Buffer, multiplier: Buffer, y_zp:
 
 
 def tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer,
-          y_zp: Buffer, out: Buffer, attrs: Attrs, isa: ISA, *, serial: bool = False) -> Stmt:
+          y_zp: Buffer, out: Buffer, attrs: Attrs, isa: ISA, *, serial: bool = False,
+          residual: Residual | None = None) -> Stmt:
     """The kernel's body: the variant its schedule takes (the module docstring); with
-    `serial`, every loop on one thread (a chunk of a batch whose chunks run in parallel)."""
+    `serial`, every loop on one thread (a chunk of a batch whose chunks run in parallel);
+    with `residual`, a fused residual add (kiln.kernels.int8.conv_residual) in the tiles'
+    epilogues."""
     s = conv_schedule(x, ww, bias, multiplier, y_zp, out, attrs, isa)
     if serial:
         s = replace(s, big=False)
+    decls = s.decls
+    if residual is not None:  # viewed as the tiles' output
+        residual = residual.at(flat_output(out, s.out_words, s.positions))
+        s = replace(s, row_epilogue=replace(s.row_epilogue, residual=residual))
+        decls = (*decls, residual.decl())
     if s.in_place:
-        return seq(*s.decls, in_place(s.source, ww, x_zp, out, s.out_words, s.row_epilogue,
+        return seq(*decls, in_place(s.source, ww, x_zp, out, s.out_words, s.row_epilogue,
                                       s.ws, s.begins, s.ends, s.dilations, s.big, isa,
                                       s.intrinsic))
     # bytes of a strided convolution with few channels (a stem's image) go straight
@@ -311,10 +334,10 @@ def tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer,
 
     if s.tile.channels_as_lanes and s.quads:
         nest_ = channels_in_place(s, grid, ww, flat_out, requantized, str(y_zp.dtype))
-        return seq(*s.decls, pad, grid.split, DeclBuffer(grid.view, grid.src, 0),
+        return seq(*decls, pad, grid.split, DeclBuffer(grid.view, grid.src, 0),
                    DeclBuffer(flat_out, out, 0), nest_)
-    return seq(*s.decls, pad, *on_im2col(s, grid, ww, out, flat_out, requantized,
-                                         str(y_zp.dtype)))
+    return seq(*decls, pad, *on_im2col(s, grid, ww, out, flat_out, requantized,
+                                       str(y_zp.dtype)))
 
 
 @dataclass(frozen=True)
@@ -385,7 +408,7 @@ def channels_in_place(s: ConvSchedule, grid: ImageGrid, ww: Buffer, flat_out: Bu
 
     return channel_tiles(InPlace(s.ws[1] // s.group, read), ww, flat_out, s.tile, requantized,
                          s.positions, s.oc_n, s.big, _word_at(s, grid), s.intrinsic,
-                         out_dtype, s.out_words)
+                         out_dtype, s.out_words, s.row_epilogue.residual)
 
 
 def _word_at(s: ConvSchedule, grid: ImageGrid) -> Callable[[PrimExpr], PrimExpr]:
@@ -476,7 +499,8 @@ def on_im2col(s: ConvSchedule, grid: ImageGrid, ww: Buffer, out: Buffer, flat_ou
         "parallel" if s.big and s.groups > 1 else "serial"))
     if tile.channels_as_lanes:
         nest_ = channel_tiles(words, ww, flat_out, tile, requantized, s.positions, s.oc_n,
-                              s.big, _word_at(s, grid), s.intrinsic, out_dtype, s.out_words)
+                              s.big, _word_at(s, grid), s.intrinsic, out_dtype, s.out_words,
+                              s.row_epilogue.residual)
     else:
         nest_ = position_tiles(words, ww, flat_out, tile, s.row_epilogue, s.positions, s.oc_n,
                                s.big, s.intrinsic,

@@ -7,6 +7,7 @@ the im2col's tiles (`in_place_pays`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -111,11 +112,27 @@ def in_place(source: ConvInput, ww: Buffer, x_zp: Buffer, out: Buffer, out_words
     rows_of = oc_n // qw.GROUP if out_words else oc_n
     dtype = "int32" if out_words else out.dtype
     out_grid = Buffer("out_grid", (batch, rows_of, cols), dtype, "global")
-    tiles = position_tiles(InPlace(quarter, read), ww, out_grid, tile, epilogue, cols, oc_n,
-                            big, intrinsic, out_bytes=bytes_of, lanes=lanes)
+    # a fused residual add (kiln.kernels.int8.conv_residual) is applied as the rows are
+    # copied out, where the residual's elements are at the output's places
+    tiles = position_tiles(InPlace(quarter, read), ww, out_grid, tile,
+                           replace(epilogue, residual=None), cols, oc_n, big, intrinsic,
+                           out_bytes=bytes_of, lanes=lanes)
     target = Buffer("out_rows", (batch, rows_of, rows_out, cols_out), dtype)
+    res = epilogue.residual.at(target) if epilogue.residual is not None else None
+    regs = res.registers() if res is not None else None
+
+    def row_value(n: PrimExpr, oc: PrimExpr, o0: PrimExpr, o1: PrimExpr) -> PrimExpr:
+        value = out_grid[n, oc, o0 * width + o1]
+        if res is None or regs is None:
+            return value
+        at = res.view[n, oc, o0, o1]
+        return res.word(regs, value, at) if out_words else \
+            res.value(regs, res.shifted(value), res.element(at))
+
     compact = nest(("n", "oc", "o0", "o1"), (batch, rows_of, rows_out, cols_out),
-                   lambda n, oc, o0, o1: Store(target, out_grid[n, oc, o0 * width + o1],
+                   lambda n, oc, o0, o1: Store(target, row_value(n, oc, o0, o1),
                                                (n, oc, o0, o1)))
+    adds = (res.decl(), Allocate(regs), res.load(regs)) \
+        if res is not None and regs is not None else ()
     return seq(pad, DeclBuffer(grid, xw, 0), Allocate(out_grid), tiles,
-               DeclBuffer(target, out, 0), compact)
+               DeclBuffer(target, out, 0), *adds, compact)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
@@ -39,7 +40,10 @@ from kiln.kernels.int8.conv_tile import ConvTile, word_stores
 from kiln.kernels.tiles import lanes_loop, nest, parallel_tiles
 from kiln.kernels.tiles import loop as tile_loop
 from kiln.ops import quant_words as qw
-from kiln.ops.quant import requantize_value
+from kiln.ops.quant import requantize_float, requantize_value
+
+if TYPE_CHECKING:  # conv_residual builds on this module's byte helpers
+    from kiln.kernels.int8.conv_residual import Residual
 
 #: Column tiles that keep the threads busy; with fewer, row tiles (channels) run in parallel.
 PARALLEL_TILES = 8
@@ -67,7 +71,9 @@ class RowEpilogue:
     (`requantize_value(..., selects=True)`: one `vmaxps` / `vminps` per bound), the
     rounding the magic number's (`magic_round`: int32 and float32 lanes only), the store
     a narrowing one (int32 lanes to bytes; with `packs`, clamped to the range as well:
-    `narrows_by_packs`)."""
+    `narrows_by_packs`). With `residual` (a fused residual add,
+    kiln.kernels.int8.conv_residual) each requantized value is added to the residual's
+    element where it is stored, whose view is the tiles' output's."""
 
     bias: Buffer
     multiplier: Buffer
@@ -75,6 +81,7 @@ class RowEpilogue:
     lo: int
     hi: int
     packs: bool = False
+    residual: Residual | None = None
 
     def start(self, oc: PrimExpr) -> PrimExpr:
         """The value channel `oc`'s accumulators start from: its bias (the correction of
@@ -100,6 +107,10 @@ class RowEpilogue:
                                 self.y_zp.dtype, selects=True, magic_round=True,
                                 packs=self.packs)
 
+    def value_float(self, regs: Sequence[Buffer], acc: PrimExpr, shift: int) -> PrimExpr:
+        """`value` plus `shift` as an exact float32 (kiln.ops.quant.requantize_float)."""
+        return requantize_float(acc, regs[0][0], regs[1][0], self.lo, self.hi, shift)
+
 
 @dataclass(frozen=True)
 class InPlace:
@@ -122,6 +133,90 @@ def steps(words: Buffer | InPlace, groups: int, n: PrimExpr,
         return tile_loop("t", groups // inner, lambda t: tile_loop(
             "c", inner, lambda c: products(t * inner + c, lambda p: read(n, t, c, p))))
     return tile_loop("g", groups, lambda g: products(g, lambda p: words[n, g, p]))
+
+
+@dataclass(frozen=True)
+class PositionStores:
+    """The epilogue of a positions tile (`position_tiles`): each row requantized
+    (`RowEpilogue`; with its fused residual add, kiln.kernels.int8.conv_residual) and
+    stored along the output row into `flat_out`, or with `out_bytes` each 4 rows packed
+    into a word of 4 channels per position (WORDS_LAYOUT). `shape`: the tile's rows and
+    columns; `rest`: the positions of the last of `col_tiles` column tiles."""
+
+    flat_out: Buffer
+    epilogue: RowEpilogue
+    shape: tuple[int, int]
+    rest: int
+    col_tiles: int
+    oc_n: int
+    out_bytes: str | None
+
+    def of(self, n: PrimExpr, ct: PrimExpr, rt: PrimExpr, acc: Buffer, last: bool | None,
+           row: Callable[[PrimExpr], PrimExpr]) -> Stmt:
+        """The stores of the tile at column tile `ct`, row tile `rt` (`acc` its
+        accumulators, `last` whether it is the last column tile, None: either; `row(r)`
+        the output channel of row r)."""
+        epilogue, flat_out, out_bytes = self.epilogue, self.flat_out, self.out_bytes
+        (mr, nr), rest, width = self.shape, self.rest, int(acc.shape[1])
+        regs = epilogue.buffers()
+        # a fused residual add: its coefficients in registers, each row's residual
+        # elements copied into a local row before the stores read them
+        res = epilogue.residual.rows(width, nr) if epilogue.residual is not None else None
+
+        def output(regs_: Sequence[Buffer], accumulator: PrimExpr, v: PrimExpr,
+                   byte: int = 0) -> PrimExpr:
+            if res is None:
+                return epilogue.value(regs_, accumulator)
+            return res.value(epilogue.value_float(regs_, accumulator, res.shift), v, byte)
+
+        def along_row(first: PrimExpr, loads: Stmt, store_at: Callable[[PrimExpr], Stmt],
+                      at: Callable[[PrimExpr], tuple[PrimExpr, ...]]) -> Stmt:
+            # whole column tiles store unguarded (vector code); the last, partial one
+            # stores its positions only; rows past the last channel (whose first row is
+            # `first`) store nothing
+            def lanes(extent: int) -> Stmt:
+                stores = lanes_loop("v", extent, store_at)
+                return stores if res is None else seq(res.copy(extent, at), stores)
+
+            stores: Stmt = lanes(rest if last else width)
+            if rest != nr and last is None:
+                stores = IfThenElse(compare("lt", ct, self.col_tiles - 1), stores, lanes(rest))
+            stores = seq(loads, stores)
+            if self.oc_n % mr == 0:
+                return stores
+            return IfThenElse(compare("lt", rt * mr + first, self.oc_n), stores)
+
+        def store_row(r: PrimExpr) -> Stmt:
+            def at(v: PrimExpr) -> tuple[PrimExpr, ...]:
+                return (n, rt * mr + r, ct * nr + v)
+
+            return along_row(r, epilogue.load(regs, row(r)), lambda v: Store(
+                flat_out, output(regs, acc[r, v], v), at(v)), at)
+
+        setup = res.setup() if res is not None else ()
+        if out_bytes is None:
+            return seq(*(Allocate(b) for b in regs), *setup,
+                       tile_loop("r", mr, store_row, "unrolled"))
+        # WORDS_LAYOUT: rows 4 q .. 4 q + 3 (4 channels) requantized and packed to a word
+        # per position, along the lanes (vector code)
+        quad = [epilogue.buffers(f"_{b}") for b in range(qw.GROUP)]
+
+        def store_words(q: PrimExpr) -> Stmt:
+            first = q * qw.GROUP
+
+            def at(v: PrimExpr) -> tuple[PrimExpr, ...]:
+                return (n, rt * (mr // qw.GROUP) + q, ct * nr + v)
+
+            def store(v: PrimExpr) -> Stmt:
+                word = dot.pack_word(lambda b: unsigned_byte(
+                    output(quad[b], acc[first + b, v], v, b), out_bytes))
+                return Store(flat_out, word, at(v))
+
+            return along_row(first, seq(*(epilogue.load(quad[b], row(first + b))
+                                          for b in range(qw.GROUP))), store, at)
+
+        return seq(*(Allocate(b) for regs_ in quad for b in regs_), *setup,
+                   tile_loop("q", mr // qw.GROUP, store_words, "unrolled"))
 
 
 def position_tiles(words: Buffer | InPlace, ww: Buffer, flat_out: Buffer, tile: ConvTile,
@@ -169,49 +264,8 @@ def position_tiles(words: Buffer | InPlace, ww: Buffer, flat_out: Buffer, tile: 
                 (r, v)), "vectorized"), "unrolled")
 
         step = steps(words, groups, n, products)
-        regs = epilogue.buffers()
-
-        def store(r: PrimExpr, v: PrimExpr) -> Stmt:
-            return Store(flat_out, epilogue.value(regs, acc[r, v]),
-                         (n, rt * mr + r, ct * nr + v))
-
-        def along_row(first: PrimExpr, loads: Stmt, store_at: Callable[[PrimExpr], Stmt]
-                      ) -> Stmt:
-            # whole column tiles store unguarded (vector code); the last, partial one
-            # stores its positions only; rows past the last channel (whose first row is
-            # `first`) store nothing
-            stores: Stmt = lanes_loop("v", rest if last else width, store_at)
-            if rest != nr and last is None:
-                stores = IfThenElse(compare("lt", ct, col_tiles - 1), stores,
-                                    lanes_loop("v", rest, store_at))
-            stores = seq(loads, stores)
-            if oc_n % mr == 0:
-                return stores
-            return IfThenElse(compare("lt", rt * mr + first, oc_n), stores)
-
-        def store_row(r: PrimExpr) -> Stmt:
-            return along_row(r, epilogue.load(regs, row(r)), lambda v: store(r, v))
-
-        if out_bytes is None:
-            return seq(Allocate(acc), zero, step, *(Allocate(b) for b in regs),
-                       tile_loop("r", mr, store_row, "unrolled"))
-        # WORDS_LAYOUT: rows 4 q .. 4 q + 3 (4 channels) requantized and packed to a word
-        # per position, along the lanes (vector code)
-        quad = [epilogue.buffers(f"_{b}") for b in range(qw.GROUP)]
-
-        def store_words(q: PrimExpr) -> Stmt:
-            first = q * qw.GROUP
-
-            def store(v: PrimExpr) -> Stmt:
-                word = dot.pack_word(lambda b: unsigned_byte(
-                    epilogue.value(quad[b], acc[first + b, v]), out_bytes))
-                return Store(flat_out, word, (n, rt * (mr // qw.GROUP) + q, ct * nr + v))
-
-            return along_row(first, seq(*(epilogue.load(quad[b], row(first + b))
-                                          for b in range(qw.GROUP))), store)
-
-        return seq(Allocate(acc), zero, step, *(Allocate(b) for regs_ in quad for b in regs_),
-                   tile_loop("q", mr // qw.GROUP, store_words, "unrolled"))
+        stores = PositionStores(flat_out, epilogue, (mr, nr), rest, col_tiles, oc_n, out_bytes)
+        return seq(Allocate(acc), zero, step, stores.of(n, ct, rt, acc, last, row))
 
     if blocks is not None:
         per, fill = blocks
@@ -242,23 +296,20 @@ def tiles_of(batch: int, extents: tuple[int, int], one: Callable[..., Stmt], big
 def channel_tiles(words: Buffer | InPlace, ww: Buffer, flat_out: Buffer, tile: ConvTile,
                   requantized: Epilogue, positions: int, oc_n: int, big: bool,
                   word_at: Callable[[PrimExpr], PrimExpr], intrinsic: str = DOT4_U8S8,
-                  out_dtype: str = "", words_out: bool = False) -> Stmt:
+                  out_dtype: str = "", words_out: bool = False,
+                  residual: Residual | None = None) -> Stmt:
     """Tiles of output positions (a broadcast input word each, output position p's at
     `words[n, g, word_at(p)]`) x output channels (the lanes: a row of a weight panel),
     the per-channel requantization along the lanes into bytes of `out_dtype` (default:
     `flat_out`'s). With `words_out`, `flat_out` is int32 words of 4 channels `[N][OC /
     4][positions]` (WORDS_LAYOUT): each row's bytes are 4 channels to a word already.
     The tiles run in parallel panel by panel (`tiles_of`): a thread keeps its weight
-    panel in cache while the positions' words stream past it."""
+    panel in cache while the positions' words stream past it. `residual`: a fused
+    residual add (`residual_tile`), viewed as `flat_out`."""
     batch, groups = int(flat_out.shape[0]), int(ww.shape[1])
     mr, nr = tile.rows, tile.cols
     col_tiles, row_tiles = int(ww.shape[0]), -(-positions // mr)
-    # where each row of the tiles reads its words, computed once per call: per tile it
-    # was a clamp and a division per row (the grid's row width), which LLVM turned into
-    # ~170 instructions of byte-vector arithmetic in every tile
-    table = Buffer("row_words", (row_tiles * mr,), "int32", "global")
-    fill = tile_loop("p", row_tiles * mr, lambda p: Store(
-        table, Cast("int32", word_at(p)), (p,)))
+    table, fill = _row_words(row_tiles * mr, word_at)
 
     def row_word(p: PrimExpr) -> PrimExpr:
         return Cast(INDEX_DTYPE, table[p])
@@ -296,8 +347,10 @@ def channel_tiles(words: Buffer | InPlace, ww: Buffer, flat_out: Buffer, tile: C
             return body(nr) if rest == nr else IfThenElse(
                 compare("lt", ct, col_tiles - 1), body(nr), body(rest))
 
+        added, res_fill = residual_tile(residual, n, ct, pt, (mr, nr), positions, oc_n)
         requant = by_panel(lambda lanes: tile_loop("r", mr, lambda r: lanes_loop(
-            "v", lanes, lambda v: Store(quant, requantized(acc[r, v], ct * nr + v), (r, v))),
+            "v", lanes, lambda v: Store(quant, added(requantized(acc[r, v], ct * nr + v), r, v),
+                                        (r, v))),
             "unrolled"))
 
         def byte(r: PrimExpr | int, v: PrimExpr) -> PrimExpr:  # as int32 in [0, 255]
@@ -331,12 +384,54 @@ def channel_tiles(words: Buffer | InPlace, ww: Buffer, flat_out: Buffer, tile: C
         last = positions - (row_tiles - 1) * mr
         out = channels(mr) if last == mr else IfThenElse(
             compare("lt", pt, row_tiles - 1), channels(mr), channels(last))
-        return seq(Allocate(acc), zero, step, Allocate(quant), requant, out)
+        return seq(Allocate(acc), zero, step, res_fill, Allocate(quant), requant, out)
 
     tiles = tiles_of(batch, (col_tiles, row_tiles), one, big)
     if out_words is not None:
         tiles = seq(DeclBuffer(out_words, flat_out, 0), tiles)
     return seq(Allocate(table), fill, tiles)
+
+
+def _row_words(rows: int, word_at: Callable[[PrimExpr], PrimExpr]) -> tuple[Buffer, Stmt]:
+    """Where each row of the channels tiles reads its words (`word_at`), and its fill:
+    computed once per call, as per tile it was a clamp and a division per row (the
+    grid's row width), which LLVM turned into ~170 instructions of byte-vector arithmetic
+    in every tile."""
+    table = Buffer("row_words", (rows,), "int32", "global")
+    return table, tile_loop("p", rows, lambda p: Store(table, Cast("int32", word_at(p)), (p,)))
+
+
+def residual_tile(residual: Residual | None, n: PrimExpr, ct: PrimExpr, pt: PrimExpr,
+                  shape: tuple[int, int], positions: int, oc_n: int
+                  ) -> tuple[Callable[[PrimExpr, PrimExpr, PrimExpr], PrimExpr], Stmt]:
+    """A channels tile's fused residual add: `(added(value, r, v), fill)`, `fill` copying
+    the tile's residual elements (rows: positions from pt * mr, lanes: channels from ct *
+    nr; clamped to the last) into a local tile of bytes, along which `added` then adds
+    them to the requantized values (vector code: a byte load widened per vector). Words
+    of 4 channels are copied whole (a row's nr / 4 words are its nr bytes, read through
+    a byte view of the local words); NCHW bytes one at a time. Without `residual`, the
+    values unchanged."""
+    if residual is None:
+        return (lambda value, r, v: value), seq()
+    mr, nr = shape
+    regs, view = residual.registers(), residual.view
+    values = Buffer("residual_tile", (mr, nr), residual.dtype, "local")
+    if residual.words:
+        quads = nr // qw.GROUP
+        words = Buffer("residual_words", (mr, quads), "int32", "local")
+        copy = tile_loop("r", mr, lambda r: tile_loop("j", quads, lambda j: Store(words, view[
+            n, min_(ct * quads + j, oc_n // qw.GROUP - 1), min_(pt * mr + r, positions - 1)],
+            (r, j))))
+        tile: tuple[Stmt, ...] = (Allocate(words), copy, DeclBuffer(values, words, 0))
+    else:
+        tile = (Allocate(values), tile_loop("r", mr, lambda r: tile_loop("v", nr, lambda v: Store(
+            values, view[n, min_(ct * nr + v, oc_n - 1), min_(pt * mr + r, positions - 1)],
+            (r, v)))))
+
+    def added(value: PrimExpr, r: PrimExpr, v: PrimExpr) -> PrimExpr:
+        return residual.value(regs, residual.shifted(value), Cast("int32", values[r, v]))
+
+    return added, seq(Allocate(regs), residual.load(regs), *tile)
 
 
 def flat_output(out: Buffer, out_words: bool, positions: int) -> Buffer:
