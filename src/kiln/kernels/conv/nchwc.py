@@ -317,9 +317,13 @@ def pointwise_schedule(shape: ConvShape, cb: int, tile: tuple[int, ...], block: 
 
 def pointwise_run_time_width(shape: ConvShape, schedule: PointwiseSchedule) -> bool:
     """Whether `pointwise_body` with `schedule` takes its input's channel blocks at run
-    time (kiln.kernels.conv.run_time_width): over whole blocks, its sums not K-blocked.
-    The count is then only the bound of the loop over the input's blocks."""
-    return (schedule.kblock is None and shape.groups == 1 and shape.c_in % schedule.block == 0)
+    time (kiln.kernels.conv.run_time_width): at stride 1 over whole blocks, its sums not
+    K-blocked. The count is then only the bound of the loop over the input's blocks.
+    Not strided: ResNet-50's 256 > 512 projection at stride 2 (56x56 -> 28x28) ran 8-9%
+    slower over a run-time count (docs/performance.md, "Compile time, round
+    twenty-one")."""
+    return (schedule.kblock is None and shape.groups == 1 and shape.stride == (1, 1)
+            and shape.c_in % schedule.block == 0)
 
 
 NCHWC = NchwcConv("nchwc", "conv2d_nchwc", ("conv2d_blocked",), 0)
