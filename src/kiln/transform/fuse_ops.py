@@ -221,7 +221,8 @@ def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
                 refs.append(("ext", ext_index[id(a)]))
         if b.value.op in COMMUTATIVE:
             # add(conv, residual) and add(residual, conv) compute the same bits: one kernel
-            # (ResNet-50's first bottleneck of a stage adds one way, the others the other)
+            # (ResNet-50's first stage adds one way in its first bottleneck, the other
+            # way in the next two)
             refs.sort()
         key_parts.append((b.value.op, tuple(b.value.attrs.items()), tuple(refs)))
     operands, width = _operand_key(group, externals, ext_index, isa)
