@@ -154,8 +154,9 @@ def test_aarch64_compiles_with_neon_blocks() -> None:
     ex = kiln.compile(from_onnx(MODEL), target, graph_pipeline="nchwc")
     kernels = [f for f in ex.ir.functions.values()
                if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc"]
-    # NEON's 4 float32 lanes: outputs (the last parameter) in blocks of 4 channels
-    assert kernels and all(f.params[-1].shape[-1] == 4 for f in kernels)
+    # NEON's 4 float32 lanes: outputs (the last buffer parameter; a dimension scalar may
+    # follow it: kiln.kernels.conv.run_time_width) in blocks of 4 channels
+    assert kernels and all(f.buffer_params[-1].shape[-1] == 4 for f in kernels)
 
 
 def test_matches_onnxruntime(native: kiln.driver.Executable,
@@ -214,7 +215,9 @@ def test_a_symbolic_batch_runs_natively(target: str) -> None:
     ex = kiln.compile(from_onnx(model), target, graph_pipeline="nchwc")
     kernels = [f for f in ex.ir.prim_funcs().values()
                if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc"]
-    assert kernels and all(f.params[-1].name == "N" for f in kernels)
+    # (a kernel over a run-time input width takes that count too: run_time_width)
+    assert kernels and all("N" in [p.name for p in f.params[len(f.buffer_params):]]
+                           for f in kernels)
     for batch in (1, 3):
         feeds = {k: np.concatenate([v, v])[:batch] for k, v in FEEDS.items()}
         want = onnxruntime_outputs(model, feeds)

@@ -60,6 +60,10 @@ from kiln.transform.fuse_rule import FUSABLE_TAIL, MAX_FUSED_OPS, closed, extend
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import Pass
 
+#: Binary ops whose operands a group's key takes in either order: IEEE addition and
+#: multiplication (and integer ones) give the same result either way.
+COMMUTATIVE = frozenset({"add", "multiply"})
+
 
 @dataclass(frozen=True)
 class FuseOps(Pass):
@@ -215,6 +219,11 @@ def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
                     ext_index[id(a)] = len(externals)
                     externals.append(a)
                 refs.append(("ext", ext_index[id(a)]))
+        if b.value.op in COMMUTATIVE:
+            # add(conv, residual) and add(residual, conv) compute the same bits: one kernel
+            # (ResNet-50's first stage adds one way in its first bottleneck, the other
+            # way in the next two)
+            refs.sort()
         key_parts.append((b.value.op, tuple(b.value.attrs.items()), tuple(refs)))
     operands, width = _operand_key(group, externals, ext_index, isa)
     if width is not None:  # attributes that only say the width: its key stands for them

@@ -51,6 +51,8 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
 
         if x.ndim == 4 and run_time_width(shape, schedule):
             return RunTimeWidth(shape, nest)
+        if x.ndim == 5 and nchwc_run_time_width(shape, schedule):
+            return RunTimeWidth(shape, nest, block)
         return nest(shape, x, w)
 
     return body
@@ -81,6 +83,18 @@ def run_time_width(shape: ConvShape, schedule: BlockedSchedule) -> bool:
             and not any(shape.pads) and shape.groups == 1 and not schedule.block
             and schedule.kblock is None and not schedule.band
             and schedule.unroll in (None, 1))
+
+
+def nchwc_run_time_width(shape: ConvShape, schedule: BlockedSchedule) -> bool:
+    """Whether the blocked kernel of a layer of `shape` on NCHW{b}c input takes its
+    input's channel blocks at run time (kiln.kernels.conv.run_time_width): an ungrouped
+    layer over whole blocks whose sums are neither K-blocked nor unrolled. The count
+    bounds the loop over input channels, the padded input's workspace and the span a
+    weight prefetch checks, nothing else: the tile, the taps and the stores do not
+    depend on it."""
+    block = schedule.block
+    return (block > 0 and shape.groups == 1 and shape.c_in % block == 0
+            and schedule.kblock is None and schedule.unroll in (None, 1))
 
 
 def blocked_tiling(shape: ConvShape, isa: ISA) -> Tiling:

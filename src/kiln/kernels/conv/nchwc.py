@@ -11,14 +11,15 @@ and on those `pointwise_tile` holds for (`pointwise_body_isa`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from kiln.ir import graph as g
 from kiln.ir import weight_origin as wo
+from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ir.types import TensorType
 from kiln.kernels.conv.blocked import (
@@ -30,9 +31,12 @@ from kiln.kernels.conv.blocked import (
 )
 from kiln.kernels.conv.direct import (
     KBLOCK_WEIGHT_L2_SHARE,
+    TUNED_ATTRS,
     DirectConv,
     blocked_body,
+    blocked_schedule,
     choose_k_blocking,
+    nchwc_run_time_width,
 )
 from kiln.kernels.conv.family import build_conv
 from kiln.kernels.conv.ksegments import ConvKBlocking
@@ -243,7 +247,6 @@ class NchwcConv(DirectConv):
 
         blocked = blocked_body(isa)
         pointwise = pointwise_body_isa(isa)
-        unrolled = pointwise_kernel(isa)
         shape = call_conv_shape(self.op, args, attrs)
         block = nchwc_block(args[0].shape, attrs)
         half = int(args[1].shape[5]) % block > 0
@@ -254,18 +257,73 @@ class NchwcConv(DirectConv):
         def body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
                  epilogue: Epilogue, fused: bool, block: int) -> Stmt | RunTimeWidth:
             if ((pointwise and t) or half) and x.ndim == 5 and takes_pointwise(shape, block):
-                cb = int(w.shape[5])
-                tile_w = t[1] if t else choose_tiling(shape, tile_lanes(isa),
-                                                      tile_registers(isa)).tile_w
-                kblock = pointwise_k_blocking(shape, Tiling(cb, tile_w), isa, block)
-                schedule = PointwiseSchedule(Tiling(cb, tile_w), fused, block, kblock, unrolled,
-                                             by_position=unrolled and cb >= 3 * block)
-                return pointwise_body(shape, x, w, out, schedule, epilogue)
+                schedule = pointwise_schedule(shape, int(w.shape[5]), t, block, isa)
+
+                def nest(shape: ConvShape, x: Buffer, w: Buffer) -> Stmt:
+                    return pointwise_body(shape, x, w, out, schedule, epilogue)
+
+                if pointwise_run_time_width(shape, schedule):
+                    return RunTimeWidth(shape, nest, block)
+                return nest(shape, x, w)
             return blocked(shape, x, w, out, t, epilogue, fused, block)
 
         tile = recorded_tile(attrs, 2, self.op)
         return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body,
                           no_slp=True)
+
+    def width_key(self, call: g.Call, isa: ISA) -> Hashable | None:
+        """What a kernel of `call` that takes its input's channel blocks at run time
+        (`pointwise_run_time_width`, kiln.kernels.conv.direct.nchwc_run_time_width) is
+        built from besides that count: which loop nest, the geometry with the count left
+        out, and the schedule (the weight prefetch, chosen by the weight's size,
+        included); None: a kernel of its own. Calls with the same key, fused ops and
+        other operands share one kernel (kiln.transform.fuse_ops). A tuned call keeps
+        its own, as does one whose tile ends in half a block."""
+        if call.op != self.op or any(k in call.attrs for k in TUNED_ATTRS):
+            return None
+        types = [a.type for a in call.args]
+        tensors = [t for t in types if isinstance(t, TensorType) and is_static(t.shape)]
+        if len(tensors) != len(types) or tensors[0].ndim != 5:
+            return None
+        shape = call_conv_shape(self.op, tensors, call.attrs)
+        block = nchwc_block(tensors[0].shape, call.attrs)
+        cb = tensors[1].shape[5]
+        assert isinstance(cb, int)  # static (above)
+        if shape is None or cb % block:
+            return None
+        tile = recorded_tile(call.attrs, 2, self.op) or ()
+        if pointwise_body_isa(isa) and tile and takes_pointwise(shape, block):
+            pointwise = pointwise_schedule(shape, cb, tile, block, isa)
+            if pointwise_run_time_width(shape, pointwise):
+                return "pointwise", replace(shape, c_in=0), pointwise
+            return None
+        schedule = blocked_schedule(shape, (cb, *tile[1:]), isa.fma, block, isa)
+        if nchwc_run_time_width(shape, schedule):
+            return "blocked", replace(shape, c_in=0), schedule
+        return None
+
+
+def pointwise_schedule(shape: ConvShape, cb: int, tile: tuple[int, ...], block: int,
+                       isa: ISA) -> PointwiseSchedule:
+    """The `pointwise_body` schedule of a layer of `shape` whose packed weight's channel
+    tile is `cb`, its positions per tile `tile[1]` (no tile: the blocked rule's)."""
+    unrolled = pointwise_kernel(isa)
+    tile_w = tile[1] if tile else choose_tiling(shape, tile_lanes(isa),
+                                                tile_registers(isa)).tile_w
+    kblock = pointwise_k_blocking(shape, Tiling(cb, tile_w), isa, block)
+    return PointwiseSchedule(Tiling(cb, tile_w), isa.fma, block, kblock, unrolled,
+                             by_position=unrolled and cb >= 3 * block)
+
+
+def pointwise_run_time_width(shape: ConvShape, schedule: PointwiseSchedule) -> bool:
+    """Whether `pointwise_body` with `schedule` takes its input's channel blocks at run
+    time (kiln.kernels.conv.run_time_width): at stride 1 over whole blocks, its sums not
+    K-blocked. The count is then only the bound of the loop over the input's blocks.
+    Not strided: ResNet-50's 256 > 512 projection at stride 2 (56x56 -> 28x28) ran 8-9%
+    slower over a run-time count (docs/performance.md, "Compile time, round
+    twenty-one")."""
+    return (schedule.kblock is None and shape.groups == 1 and shape.stride == (1, 1)
+            and shape.c_in % schedule.block == 0)
 
 
 NCHWC = NchwcConv("nchwc", "conv2d_nchwc", ("conv2d_blocked",), 0)

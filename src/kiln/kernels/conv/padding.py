@@ -186,7 +186,8 @@ def padded_blocked_buffer(x: Buffer, shape: ConvShape, block: int
     if not any(shape.pads):
         return x, []
     hp, wp = shape.h + top + bottom, shape.w + left + right
-    cblocks = -(-shape.c_in // block)
+    # a run-time count (kiln.kernels.conv.run_time_width) is the input's blocks
+    cblocks = -(-shape.c_in // block) if isinstance(shape.c_in, int) else x.shape[1]
     xp = Buffer("xpad", (shape.n, cblocks, hp, wp, block), x.dtype)
     zero = as_expr(0.0, x.dtype)
 

@@ -147,7 +147,9 @@ def _sums(nest: _Pointwise, acc: Buffer, n: PrimExpr, ob: PrimExpr, rows: list[P
     x, wp, dtype, tile_w, cb = nest.x, nest.wp, nest.x.dtype, nest.tile_w, nest.cb
     block, fused = nest.schedule.block, nest.schedule.fused
     sh, sw = nest.shape.stride
-    full, rest = divmod(nest.shape.c_in, block)
+    cin = nest.shape.c_in
+    # a run-time count (kiln.kernels.conv.run_time_width) is whole blocks: the input's
+    full, rest = divmod(cin, block) if isinstance(cin, int) else (x.shape[1], 0)
 
     def lane_step(cib: PrimExpr, lane: PrimExpr) -> Stmt:
         # the tile's input values of channel `cib * block + lane`, each bound once,
@@ -185,9 +187,10 @@ def _sums(nest: _Pointwise, acc: Buffer, n: PrimExpr, ob: PrimExpr, rows: list[P
     if seg is not None:  # whole blocks of the segment's channels
         red.append(_loop("cib", seg.kc // block, lambda cib: channels(
             seg.ci0 // block + cib, block)))
+    elif not isinstance(full, int) or full > 1:
+        red.append(_loop("cib", full, lambda cib: channels(cib, block)))
     elif full:
-        red.append(_loop("cib", full, lambda cib: channels(cib, block))
-                   if full > 1 else channels(_c(0), block))
+        red.append(channels(_c(0), block))
     if rest and seg is None:
         red.append(channels(_c(full), rest))
     return red

@@ -11,6 +11,12 @@ such kernel share it (kiln.transform.fuse_ops keys them by `width_key`, not by t
 channel count), and each passes its count as a scalar argument (`ATTR_ARG_DIMS`,
 kiln.transform.lower_graph). The sums run in the same order as the static kernel's,
 so the outputs are the same bit for bit.
+
+On NCHW{b}c activations (the NCHWc family, kiln.kernels.conv.nchwc) the variable counts
+the input's channel blocks instead (`[n][ci/b][h][w][b]`, whole blocks only) and the
+weight's `ci` is `b` times it: there any kernel size, stride and padding qualifies (a
+padded input's workspace is allocated at the run-time size), so ResNet's 3x3 layers
+of one output count and image size share a kernel whatever their input width.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from kiln.ops.conv_geometry import ConvShape
 
 #: The dimension scalar a run-time-width kernel takes (its input channel count).
 WIDTH_NAME = "kiln_conv_ci"
-#: The axis of the NCHW input and of the packed weight that counts the input channels.
+#: The axis of the input (NCHW: its channels, NCHW{b}c: its channel blocks) and of the
+#: packed weight that counts the input channels.
 X_AXIS = 1
 W_AXIS = 2
 
@@ -48,18 +55,20 @@ class RunTimeWidth:
 
     shape: ConvShape
     nest: Callable[[ConvShape, Buffer, Buffer], Stmt]
+    block: int = 0  # the NCHW{b}c input's block: the variable counts blocks; 0: NCHW
 
     def build(self, x: Buffer, w: Buffer) -> tuple[Stmt, Widened | None]:
         """The nest over the run-time width and its buffers; the static nest and None
         where the rest of the kernel (a fused op) reads `x` or `w` at the static count."""
-        ci = Var(WIDTH_NAME, INDEX_DTYPE)
-        x2 = Buffer(x.name, (*x.shape[:X_AXIS], ci, *x.shape[X_AXIS + 1:]), x.dtype, x.scope)
+        var = Var(WIDTH_NAME, INDEX_DTYPE)
+        ci = var * self.block if self.block else var
+        x2 = Buffer(x.name, (*x.shape[:X_AXIS], var, *x.shape[X_AXIS + 1:]), x.dtype, x.scope)
         w2 = Buffer(w.name, (*w.shape[:W_AXIS], ci, *w.shape[W_AXIS + 1:]), w.dtype, w.scope)
         # ConvShape types its symbolic sizes as ints (kiln.ops.conv_geometry)
         stmt = self.nest(replace(self.shape, c_in=cast(int, ci)), x2, w2)
         if any(b is x or b is w for b in read_buffers(stmt)):
             return self.nest(self.shape, x, w), None
-        return stmt, Widened(x2, w2, ci)
+        return stmt, Widened(x2, w2, var)
 
 
 __all__ = ["WIDTH_NAME", "W_AXIS", "X_AXIS", "RunTimeWidth", "Widened"]

@@ -1,0 +1,103 @@
+"""NCHW{b}c convolutions over a run-time input width (kiln.kernels.conv.run_time_width)
+against onnxruntime.
+
+Two branches read 16 and 48 channels (one and three blocks at 16 lanes) at one image
+size, each through a 1x1 layer, then a padded stride-2 3x3 layer into 32 channels and
+a 1x1 layer into 32 channels (with a residual Add written one way in one branch and the
+other way in the other): on AVX-512 each pair shares one kernel, called with its
+input's channel blocks. A third branch reads 24 channels (a block and a half: a kernel
+of its own at a static width). Batch 2; llvm and c, in this process and in fresh
+processes with 1 and 2 threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kernel_checks
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.driver.compiler import lower_for_codegen
+from kiln.frontend import from_onnx
+from kiln.ir.attrs import ATTR_ARG_DIMS
+from kiln.ir.printer import print_func
+from kiln.kernels.conv.run_time_width import WIDTH_NAME
+from kiln.target import Target
+from support.processes import outputs_in_fresh_process
+
+TOL = 1e-4
+RNG = np.random.default_rng(5)
+
+
+def build_model() -> onnx.ModelProto:
+    inits: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+
+    def conv(x: str, out: str, ci: int, co: int, k: int, stride: int, pad: int) -> str:
+        w = numpy_helper.from_array(
+            RNG.normal(0, 1 / np.sqrt(ci * k * k), (co, ci, k, k)).astype(np.float32),
+            out + "_w")
+        b = numpy_helper.from_array(RNG.normal(0, 0.1, co).astype(np.float32), out + "_b")
+        inits.extend([w, b])
+        nodes.append(helper.make_node("Conv", [x, w.name, b.name], [out], kernel_shape=[k, k],
+                                      strides=[stride, stride], pads=[pad] * 4))
+        return out
+
+    def relu(x: str, out: str) -> str:
+        nodes.append(helper.make_node("Relu", [x], [out]))
+        return out
+
+    for name, ci in (("x", 16), ("y", 48), ("z", 24)):
+        a = relu(conv(name, f"{name}a0", ci, ci, 1, 1, 0), f"{name}a")
+        relu(conv(a, f"{name}s0", ci, 32, 3, 2, 1), f"{name}s")
+        p = relu(conv(a, f"{name}p0", ci, 32, 1, 1, 0), f"{name}p")
+        q = conv(a, f"{name}q0", ci, 32, 1, 1, 0)
+        # the residual on either side of the Add: one kernel (kiln.transform.fuse_ops)
+        nodes.append(helper.make_node("Add", [q, p] if name == "x" else [p, q], [f"{name}r0"]))
+        relu(f"{name}r0", f"{name}r")
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, ci, 10, 10])
+              for n, ci in (("x", 16), ("y", 48), ("z", 24))]
+    outputs = [helper.make_tensor_value_info(f"{n}{o}", TensorProto.FLOAT, None)
+               for n in "xyz" for o in "sr"]
+    return kernel_checks.branches_model("widths", nodes, inputs, outputs, inits)
+
+
+MODEL = build_model()
+CASES = [f"{n} {o}" for n in ("16 channels", "48 channels", "24 channels")
+         for o in ("3x3 stride 2", "1x1 + residual")]
+CHECKS = kernel_checks.KernelCases(MODEL, CASES, TOL, RNG)
+FEEDS, assert_close = CHECKS.feeds, CHECKS.assert_close
+native, reference = CHECKS.native_fixture(), CHECKS.reference_fixture()
+
+
+def test_matches_onnxruntime(native: kiln.driver.Executable,
+                             reference: list[np.ndarray]) -> None:
+    assert_close(list(native(*FEEDS.values())), reference)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
+                                    threads: int, reference: list[np.ndarray]) -> None:
+    assert_close(outputs_in_fresh_process(native, FEEDS, tmp_path, threads), reference)
+
+
+def test_layers_of_whole_blocks_share_a_kernel() -> None:
+    lowered = lower_for_codegen(from_onnx(MODEL), Target("llvm -mcpu=znver4"))
+    kernels = {name: f for name, f in lowered.functions.items()
+               if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc"}
+    wide = {name: f for name, f in kernels.items() if f.attrs.get(ATTR_ARG_DIMS)}
+    for f in wide.values():
+        assert f.attrs[ATTR_ARG_DIMS] == ((WIDTH_NAME, 0, 1),)
+        x, w = f.buffer_params[:2]
+        assert x.shape[1].name == WIDTH_NAME and WIDTH_NAME in str(w.shape[2])
+    # over a run-time width: the first 1x1 layer of the 16 and of the 48 channel branch
+    # (16 and 48 outputs: one each), and, shared by the two, the 3x3 layer, the 1x1 +
+    # ReLU and the 1x1 + Add + ReLU; the 24 channel branch's four at their width
+    assert (len(wide), len(kernels) - len(wide)) == (5, 4)
+    main = print_func(lowered["main"])
+    calls = {name: main.count(f'"{name}"') for name in wide}
+    assert sorted(calls.values()) == [1, 1, 2, 2, 2], calls
