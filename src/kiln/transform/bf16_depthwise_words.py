@@ -4,7 +4,8 @@ kiln.transform.bf16_words has a depthwise layer store its projection's words; it
 stays float32. On a large image (MobileNetV2's 112x112 layers: the 16 > 96 expansion
 writes 4.8 MB of float32 that its depthwise layer reads back, past the L2) the producer
 (a bfloat16 convolution, with its ReLU6) instead stores the words of pairs of its blocks,
-unpadded (`bf16_words`, kiln.ops.conv_bf16), and the depthwise layer reads them
+one row of positions (`bf16_words` `flat`, kiln.ops.conv_bf16: a 1x1 tile's positions
+cross image rows), and the depthwise layer reads them
 (attribute `words_input`, kiln.ops.conv_nchwc_depthwise): half the bytes on both sides.
 The depthwise layer's input is then rounded to bfloat16, as OpenVINO's bf16 activations
 are; the layer still sums in float32.
@@ -13,7 +14,10 @@ Taken where the depthwise layer already stores words of pairs of blocks (its til
 both blocks of a pair: one word row read for both), its input is an even count of
 blocks read by it alone, whose float32 bytes per image exceed the target's L2
 (smaller images were level or slower: docs/performance.md, round twenty-seven), and
-the input's producer may store words (kiln.transform.bf16_words `_producer`).
+the input's producer may store words (kiln.transform.bf16_words `_producer`), or is a
+1x1 bfloat16 convolution whose channel tile, an odd count of blocks, is repacked to an
+even one (`_paired`). In MobileNetV2: the stem (32 channels) and the 16 > 96 expansion
+(3 vectors a tile, repacked to 2), both at 112x112.
 """
 
 from __future__ import annotations
@@ -27,19 +31,10 @@ import numpy as np
 from kiln.ir import graph as g
 from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.types import TensorType
-from kiln.kernels.conv.nchwc import pointwise_tile
+from kiln.kernels.conv.nchwc import pointwise_fits, pointwise_tile
 from kiln.kernels.tiles import tile_lanes
 from kiln.ops import call
-from kiln.ops.conv_bf16 import (
-    BF16_WORDS,
-    CONV_BF16,
-    HALF_WORDS,
-    ROW_TAPS,
-    WORDS_INPUT,
-    bf16_conv_shape,
-    pack_conv_bf16,
-    unpack_conv_weight,
-)
+from kiln.ops import conv_bf16 as cv
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
 from kiln.ops.conv_nchwc_depthwise import NCHWC_DEPTHWISE
 from kiln.ops.packed_attrs import TILE
@@ -69,21 +64,26 @@ def _paired(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
     is an odd count of blocks (MobileNetV2's 16 > 96 expansion: 3 vectors), the index of
     that convolution and its call repacked to an even count (`pointwise_tile`'s `even`):
     its tiles then hold whole pairs of blocks, whose words they can store."""
-    j = chain(bindings, k, uses, CONV_BF16, MAX_FUSED_OPS - 1)
+    j = chain(bindings, k, uses, cv.CONV_BF16, MAX_FUSED_OPS - 1)
     conv = None if j is None else bindings[j].value
     if not (isinstance(conv, g.Call) and isinstance(conv.args[1], g.Constant)):
         return None
     wp = np.asarray(conv.args[1].data)
     block = tile_lanes(isa)
-    shape = bf16_conv_shape([a.type for a in conv.args], conv.attrs)
-    if int(wp.shape[4]) % (2 * block) == 0 or (shape.kh, shape.kw) != (1, 1) or ROW_TAPS in \
+    shape = cv.bf16_conv_shape([a.type for a in conv.args], conv.attrs)
+    if int(wp.shape[4]) % (2 * block) == 0 or (shape.kh, shape.kw) != (1, 1) or cv.ROW_TAPS in \
             conv.attrs or NCHW_INPUT_BLOCK in conv.attrs:
         return None
     tile = pointwise_tile(shape.c_out, shape.out_h * shape.out_w, isa, even=True)
     if tile is None or tile[0] % (2 * block):
         return None
-    packed = pack_conv_bf16(unpack_conv_weight(wp, conv.attrs, block), tile[0], block)
-    new = call(CONV_BF16, conv.args[0], g.Constant(packed, conv.args[1].name),
+    # the most positions whose accumulators fit (2 x 10, not the rule's 2 x 8: the
+    # 16 > 96 @112 expansion took 119 against 174 us; docs/performance.md, round thirty)
+    vectors = tile[0] // block
+    tile = (tile[0], max(w for w in range(tile[1], 4 * tile[1])
+                         if pointwise_fits(vectors, w, isa)))
+    packed = cv.pack_conv_bf16(cv.unpack_conv_weight(wp, conv.attrs, block), tile[0], block)
+    new = call(cv.CONV_BF16, conv.args[0], g.Constant(packed, conv.args[1].name),
                *conv.args[2:], **{**dict(conv.attrs), TILE: tile})
     assert j is not None
     return j, g.Binding(bindings[j].var, new)
@@ -99,7 +99,7 @@ def read_words(fn: g.Function, isa: ISA, block: int, producer: Producer) -> g.Fu
     heads = set()  # the depthwise layers whose group stores words of pairs of blocks
     for b in fn.bindings:
         v = b.value
-        if (isinstance(v, g.Call) and v.op == BF16_WORDS and not v.attrs.get(HALF_WORDS)
+        if (isinstance(v, g.Call) and v.op == cv.BF16_WORDS and not v.attrs.get(cv.HALF_WORDS)
                 and id(v.args[0]) in index):
             j = chain(fn.bindings, index[id(v.args[0])], uses, NCHWC_DEPTHWISE,
                       MAX_FUSED_OPS - 1)
@@ -110,7 +110,7 @@ def read_words(fn: g.Function, isa: ISA, block: int, producer: Producer) -> g.Fu
     for j in sorted(heads):
         b = fn.bindings[j]
         dw = cast(g.Call, b.value)
-        if WORDS_INPUT in dw.attrs:
+        if cv.WORDS_INPUT in dw.attrs:
             continue
         x = dw.args[0]
         k = index.get(id(x))
@@ -125,13 +125,13 @@ def read_words(fn: g.Function, isa: ISA, block: int, producer: Producer) -> g.Fu
             if repacked is None or not producer(trial, k, uses, block):
                 continue
             replaced[id(repacked[1].var)] = repacked[1]
-        words = call(BF16_WORDS, x, pads=(0, 0, 0, 0), flat=False)
+        words = call(cv.BF16_WORDS, x, pads=(0, 0, 0, 0), flat=True)
         var = g.Var(f"{x.name}_words", words.ret_type)
         after[id(x)] = g.Binding(var, words)
         shape = cast(TensorType, x.type).shape
         replaced[id(b.var)] = g.Binding(b.var, call(
             NCHWC_DEPTHWISE, var, *dw.args[1:], **dict(dw.attrs),
-            **{WORDS_INPUT: (int(cast(int, shape[2])), int(cast(int, shape[3])))}))
+            **{cv.WORDS_INPUT: (int(cast(int, shape[2])), int(cast(int, shape[3])))}))
     if not replaced:
         return fn
     bindings: list[g.Binding] = []

@@ -481,13 +481,13 @@ def test_large_expansion_stores_depthwise_words() -> None:
     """An expansion whose float32 output exceeds the L2 stores its depthwise layer's
     words of pairs of blocks, repacked from three vectors of channels a tile to two
     (kiln.transform.bf16_depthwise_words), and the depthwise layer reads them: its
-    input int32 `[N][C/32][H][W][16]`; the output matches float32 onnxruntime."""
+    input int32 `[N][C/32][H * W][16]`; the output matches float32 onnxruntime."""
     model = _large_expansion_model()
     ex = kiln.compile(from_onnx(model), _bf16_host())
     funcs = ex.ir.prim_funcs()
     (dw,) = (f for name, f in funcs.items() if name.startswith("fused_conv2d_nchwc_depthwise"))
     assert dw.params[0].dtype == "int32"
-    assert tuple(int(d) for d in dw.params[0].shape) == (1, 3, 56, 56, 16)
+    assert tuple(int(d) for d in dw.params[0].shape) == (1, 3, 56 * 56, 16)
     (expansion,) = (f for name, f in funcs.items()
                     if name.startswith("fused_conv2d_nchwc_bf16_clip_bf16_words"))
     assert int(expansion.params[1].shape[-1]) == 32  # the channel tile: one pair of blocks

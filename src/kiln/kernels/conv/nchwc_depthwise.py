@@ -55,6 +55,7 @@ from kiln.kernels.tiles import loop as _loop
 from kiln.ops import layout, te
 from kiln.ops.conv_bf16 import WORDS_INPUT, WordsSource
 from kiln.ops.conv_geometry import ConvShape, conv_shape
+from kiln.ops.conv_nchwc_depthwise import input_shape
 from kiln.ops.packed_attrs import recorded_tile
 from kiln.target.isa import ISA
 
@@ -94,9 +95,9 @@ def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
     tail needs statements."""
     x, wp = args[0], args[1]
     bias = args[2] if len(args) > 2 else None
-    block = int(x.shape[4])
+    block = int(x.shape[-1])
     words_in = bool(attrs.get(WORDS_INPUT))
-    shape = conv_geometry(x.shape, attrs, (int(wp.shape[1]), int(wp.shape[2])))
+    shape = conv_geometry(input_shape(x, attrs), attrs, (int(wp.shape[1]), int(wp.shape[2])))
     out_shape = layout.block_shape((shape.n, shape.c_out, shape.out_h, shape.out_w), block)
     output = words_output(params, anchor, result, out_shape)
     # The consumers' words (kiln.transform.bf16_words) pair the channel blocks, or the
@@ -157,7 +158,7 @@ class TileSums:
     w: Buffer
     bias: Buffer | None
     fused: bool
-    #: `x` is the words `[N][C/2b][H][W][b]` (`words_input`), not float32 blocks.
+    #: `x` is the words `[N][C/2b][H * W][b]` (`words_input`), not float32 blocks.
     words: bool = False
 
     def load(self, n: PrimExpr, cb: PrimExpr, ih: PrimExpr, iw: PrimExpr, v: PrimExpr,
@@ -166,7 +167,7 @@ class TileSums:
         (`pair[1]`) half of word row `pair[0]`'s, as float32."""
         if pair is None:
             return self.x[n, cb, ih, iw, v]
-        word = self.x[n, pair[0], ih, iw, v]
+        word = self.x[n, pair[0], ih * self.shape.w + iw, v]
         bits = word & Const(-0x10000, "int32") if pair[1] else word << Const(16, "int32")
         return reinterpret(bits, "float32")
 
@@ -223,7 +224,7 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
     `[C/b][kh][kw][b]`, `bias` `[C/b * b]` or None, `out` `[N][C/b][OH][OW][b]`, or
     the words `words` describes (`[N][C/2b][rows][cols][b]` or `[N][C/2b][OH * OW][b]`:
     a tile then sums both blocks of a pair; of half blocks, `[N][C/b][...][b/2]`, one);
-    `words_in`: `x` is words of pairs `[N][C/2b][H][W][b]` (the words out of pairs)."""
+    `words_in`: `x` is words of pairs `[N][C/2b][H * W][b]` (the words out of pairs)."""
     sw, dw, left = shape.stride[1], shape.dilation[1], shape.pads[1]
     blocks = -(-shape.c_in // block)
     dtype = w.dtype
