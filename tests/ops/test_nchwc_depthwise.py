@@ -33,7 +33,11 @@ from kiln.kernels.conv.nchwc import (
     pointwise_tile,
     three_vector_tile,
 )
+from kiln.ops.conv_bf16 import BF16_WORDS
 from kiln.ops.conv_geometry import ConvShape
+from kiln.ops.conv_nchwc_depthwise import NCHWC_DEPTHWISE, pack_weight
+from kiln.ops.gemm_bf16 import bf16_round
+from kiln.ops.registry import get_op
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.registry import parse_passes
@@ -142,6 +146,10 @@ def test_pointwise_tiles_on_32_registers() -> None:
     assert pointwise_tile(40, 143, avx512, half=True) == (40, 6)
     assert pointwise_tile(44, 143, avx512, half=True) == (48, 6)
     assert pointwise_tile(160, 49, avx512, half=True) == (32, 7)  # 5 tiles
+    # `even`: whole pairs of blocks a tile (a producer of words of pairs)
+    assert pointwise_tile(96, 112 * 112, avx512, even=True) == (32, 8)
+    assert pointwise_tile(576, 196, avx512, even=True) == (64, 6)
+    assert pointwise_tile(16, 196, avx512, even=True) is None
     # 16 registers (AVX2) and NEON (4 lanes, not measured) keep the blocked kernel's rule
     assert pointwise_tile(576, 196, isa_for(Target("llvm -mcpu=haswell"))) is None
     assert pointwise_tile(576, 196, isa_for(Target("llvm -mtriple=aarch64-linux-gnu"
@@ -317,3 +325,18 @@ def test_a_first_layer_on_3_channels_matches_onnxruntime(kind: str) -> None:
         assert (1, 3, 33, 35) in reads
     assert_close([np.asarray(exe(*feeds.values()))], onnxruntime_outputs(STEM, feeds),
                  TOL, ["stem"])
+
+
+def test_words_input_reference_reads_the_rounded_values() -> None:
+    """`conv2d_nchwc_depthwise` with `words_input` (kiln.ops.conv_nchwc_depthwise) on the
+    words `bf16_words` (`flat`) stores of a float32 NCHW16c value gives the output of
+    the float32 call on that value rounded to bfloat16."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 2, 6, 5, 16)).astype(np.float32)
+    wp = pack_weight(rng.standard_normal((32, 1, 3, 3)).astype(np.float32), 16)
+    attrs = {"channels": 32, "group": 32, "pads": [1, 1, 1, 1], "strides": [2, 2]}
+    words = get_op(BF16_WORDS).reference(x, pads=(0, 0, 0, 0), flat=True)
+    assert words.shape == (1, 1, 30, 16)
+    dw = get_op(NCHWC_DEPTHWISE).reference
+    got = dw(words, wp, **attrs, words_input=(6, 5))
+    np.testing.assert_array_equal(got, dw(bf16_round(x), wp, **attrs))

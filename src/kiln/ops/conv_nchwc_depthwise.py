@@ -11,6 +11,11 @@ The `nchwc-layout` pass (kiln.transform.nchwc_layout) introduces it in place of 
 `conv2d_depthwise` whose input is in a blocked region: a vector is then `b` channels
 of one position, so a stride-2 or 7-pixel-wide layer fills its vectors as a
 stride-1 wide one does, and no padded copy of the input is made.
+
+With the attribute `words_input` (WORDS_INPUT, the input's `(h, w)`), `x` is instead
+the int32 words `[N][C/2b][H * W][b]` its producer stored (`bf16_words` of an even count
+of blocks, `flat`, kiln.ops.conv_bf16): lane `v` of blocks `2p` (low half) and
+`2p + 1` (high half) as bfloat16 (kiln.transform.bf16_depthwise_words).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from kiln.ir import weight_origin as wo
 from kiln.ir.tensor import PrimExpr, as_expr, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
+from kiln.ops.conv_bf16 import WORDS_INPUT, word_half
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
 from kiln.ops.packed_attrs import recorded_tile
 from kiln.ops.registry import register_op
@@ -73,9 +79,23 @@ def pack_bias(bias: np.ndarray, block: int) -> np.ndarray:
     return padded
 
 
+def input_shape(x: TensorType | te.Tensor, attrs: Attrs) -> tuple[Any, ...]:
+    """The float32 NCHW{b}c shape of a call's input `x`: its own, or that of the values
+    whose words it is (`WORDS_INPUT`, checked)."""
+    shape = tuple(x.shape)
+    if not attrs.get(WORDS_INPUT):
+        return shape
+    h, w = (int(d) for d in attrs[WORDS_INPUT])
+    if x.dtype != "int32" or len(shape) != 4 or shape[2] != h * w or not isinstance(
+            shape[1], int):
+        raise IRError(f"{NCHWC_DEPTHWISE}: a {WORDS_INPUT} input must be int32 "
+                      f"[N][C/2b][{h} * {w}][b], got {x.dtype} {shape}")
+    return (shape[0], 2 * shape[1], h, w, shape[3])
+
+
 def _channels(types: Sequence[Any], attrs: Attrs) -> tuple[int, int, int, int]:
     """(C, b, kh, kw) of a call, checked against its blocked input and packed weight."""
-    x, wp = tuple(types[0].shape), tuple(types[1].shape)
+    x, wp = input_shape(types[0], attrs), tuple(types[1].shape)
     if "channels" not in attrs:
         raise IRError(f"{NCHWC_DEPTHWISE}: needs the `channels` attribute")
     c = int(attrs["channels"])
@@ -93,8 +113,8 @@ def _channels(types: Sequence[Any], attrs: Attrs) -> tuple[int, int, int, int]:
 
 def _plain_types(types: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
     c, _, kh, kw = _channels(types, attrs)
-    x = types[0]
-    return [TensorType((x.shape[0], c, x.shape[2], x.shape[3]), x.dtype),
+    x = input_shape(types[0], attrs)
+    return [TensorType((x[0], c, x[2], x[3]), types[1].dtype),
             TensorType((c, 1, kh, kw), types[1].dtype),
             *(TensorType((c,), t.dtype) for t in types[2:])]
 
@@ -102,14 +122,21 @@ def _plain_types(types: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
 def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     out = conv_infer(_plain_types(types, attrs), attrs)
     assert isinstance(out, TensorType)
-    return TensorType(layout.block_shape(out.shape, cast(int, types[0].shape[4])), out.dtype)
+    return TensorType(layout.block_shape(out.shape, cast(int, types[0].shape[-1])), "float32")
 
 
 def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     c, b, kh, kw = _channels(inputs, attrs)
     x, wp = inputs[0], inputs[1]
-    plain = te.compute((x.shape[0], c, x.shape[2], x.shape[3]),
-                       lambda n, ch, h, w: x[n, ch // b, h, w, ch % b], x.dtype, "x_nchw")
+    shape = input_shape(x, attrs)
+
+    def value(n: PrimExpr, ch: PrimExpr, h: PrimExpr, w: PrimExpr) -> PrimExpr:
+        if attrs.get(WORDS_INPUT):
+            word = x[n, ch // (2 * b), h * shape[3] + w, ch % b]
+            return word_half(word, (ch // b) % 2 >= 1)
+        return x[n, ch // b, h, w, ch % b]
+
+    plain = te.compute((x.shape[0], c, shape[2], shape[3]), value, wp.dtype, "x_nchw")
     w = te.compute((c, 1, kh, kw), lambda o, i, p, q: wp[o // b, p, q, o % b], wp.dtype,
                    "weight")
     rest = [te.compute((c,), lambda o, t=t: t[o], t.dtype, "bias") for t in inputs[2:]]
@@ -127,6 +154,12 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 def _reference(x: np.ndarray, wp: np.ndarray, bias: np.ndarray | None = None,
                **attrs: Any) -> np.ndarray:
     c = int(attrs["channels"])
+    if attrs.get(WORDS_INPUT):  # [N][P][H * W][b] -> the blocks 2p (low) and 2p + 1 (high)
+        bits = np.ascontiguousarray(x).view(np.uint32).reshape(
+            *x.shape[:2], *attrs[WORDS_INPUT], x.shape[3])
+        halves = np.stack([bits << 16, bits & 0xFFFF0000], axis=2)
+        x = halves.reshape(x.shape[0], 2 * x.shape[1], *bits.shape[2:]).view(np.float32)
+        attrs = {k: v for k, v in attrs.items() if k != WORDS_INPUT}
     out = conv_ref(layout.from_blocked(x, c), unpack_weight(wp, c),
                    None if bias is None else bias[:c], **attrs)
     return layout.to_blocked(out, int(x.shape[4]))

@@ -62,6 +62,7 @@ from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
 from kiln.ops.conv_nchwc_depthwise import NCHWC_DEPTHWISE
 from kiln.ops.pool_nchwc import POOL_NCHWC
 from kiln.target.isa import ISA
+from kiln.transform.bf16_depthwise_words import read_words
 from kiln.transform.fuse_rule import MAX_FUSED_OPS, chain
 
 #: The ops whose kernels may store their readers' words in place of their float32 value.
@@ -210,14 +211,14 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
             replaced[id(c.var)] = g.Binding(c.var, call(
                 CONV_BF16, var, *conv.args[1:], **dict(conv.attrs),
                 **{WORDS_INPUT: (shape.h, shape.w)}, **rows))
-    if not replaced:
-        return fn
-    bindings: list[g.Binding] = []
-    for b in fn.bindings:
-        bindings.append(replaced.get(id(b.var), b))
-        if id(b.var) in after:
-            bindings.append(after[id(b.var)])
-    return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))
+    if replaced:
+        bindings: list[g.Binding] = []
+        for b in fn.bindings:
+            bindings.append(replaced.get(id(b.var), b))
+            if id(b.var) in after:
+                bindings.append(after[id(b.var)])
+        fn = g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))
+    return read_words(fn, isa, block, _producer)
 
 
 def words_tail(group: list[g.Binding], value: g.Expr) -> bool:

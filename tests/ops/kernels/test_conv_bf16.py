@@ -458,3 +458,41 @@ def test_half_block_words_match_converted_input() -> None:
     for want, value in zip(onnxruntime_outputs(model, {"x": x}), got, strict=True):
         assert value.shape == want.shape
         assert np.linalg.norm(value - want) / np.linalg.norm(want) <= TOL
+
+
+def _large_expansion_model() -> Any:
+    """MobileNetV2's 112x112 expansion edge, at 56x56: a 1x1 layer 16 > 96 and ReLU6,
+    whose float32 output (1.2 MB) exceeds the L2, a strided depthwise 3x3 layer and
+    ReLU6, a 1x1 projection to 32 channels (two blocks: the depthwise layer stores
+    its words of pairs)."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 16, 56, 56))
+    six = (b.const(np.float32(0.0)), b.const(np.float32(6.0)))
+    e = b.op("Clip", b.op("Conv", x, b.const(_weight(96, 16, 1, 1)), b.const(_weight(96))),
+             *six)
+    d = b.op("Clip", b.op("Conv", e, b.const(_weight(96, 1, 3, 3)), b.const(_weight(96)),
+                          pads=[1, 1, 1, 1], strides=[2, 2], group=96), *six)
+    b.node("Conv", [d, b.const(_weight(32, 96, 1, 1))], ["out"])
+    b.output("out", (1, 32, 28, 28))
+    return b.model()
+
+
+def test_large_expansion_stores_depthwise_words() -> None:
+    """An expansion whose float32 output exceeds the L2 stores its depthwise layer's
+    words of pairs of blocks, repacked from three vectors of channels a tile to two
+    (kiln.transform.bf16_depthwise_words), and the depthwise layer reads them: its
+    input int32 `[N][C/32][H * W][16]`; the output matches float32 onnxruntime."""
+    model = _large_expansion_model()
+    ex = kiln.compile(from_onnx(model), _bf16_host())
+    funcs = ex.ir.prim_funcs()
+    (dw,) = (f for name, f in funcs.items() if name.startswith("fused_conv2d_nchwc_depthwise"))
+    assert dw.params[0].dtype == "int32"
+    assert tuple(int(d) for d in dw.params[0].shape) == (1, 3, 56 * 56, 16)
+    (expansion,) = (f for name, f in funcs.items()
+                    if name.startswith("fused_conv2d_nchwc_bf16_clip_bf16_words"))
+    assert int(expansion.params[1].shape[-1]) == 32  # the channel tile: one pair of blocks
+    x = RNG.standard_normal((1, 16, 56, 56)).astype(np.float32)
+    (want,) = onnxruntime_outputs(model, {"x": x})
+    got = np.asarray(ex["main"](x))  # one output: the array itself
+    assert got.shape == want.shape
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL

@@ -61,16 +61,18 @@ POINTWISE_VECTORS = 4
 POINTWISE_POSITIONS = 8
 
 
-def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False
-                   ) -> tuple[int, int] | None:
+def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False,
+                   even: bool = False) -> tuple[int, int] | None:
     """`(cb, tile_w)` of a 1x1 NCHWc layer with `channels` outputs and `positions`
     output positions, or None (keep the blocked rule's: fewer than 32 registers or 16
     lanes). `cb`:
     the vectors (4 to 1) that compute the fewest padded channels, the most on ties
     (96 channels at 16 lanes: 3 vectors, 2 tiles; 576: 4); with `half` (a layer on
     `pointwise_body`) a tile of all the channels whose last vector they fill at most
-    half of ends in half a vector instead (24 channels: 16 + 8, `half_vector`);
-    `tile_w`: the most positions
+    half of ends in half a vector instead (24 channels: 16 + 8, `half_vector`); with
+    `even` an even count of vectors (a tile storing words of pairs of blocks,
+    kiln.transform.bf16_depthwise_words; None where there is none); `tile_w`: the most
+    positions
     (up to 8) whose accumulators fit the registers with the weight vectors and, but for
     4 vectors, one broadcast per position (`pointwise_fits`), fewer where that wastes
     less than 2% of the last tile (as the blocked rule does)."""
@@ -78,7 +80,10 @@ def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False
         return None  # the tiles are AVX-512's
     lanes = tile_lanes(isa)
     vecs = -(-channels // lanes)
-    v = min(range(min(POINTWISE_VECTORS, vecs), 0, -1), key=lambda v: -(-vecs // v) * v)
+    counts = [v for v in range(min(POINTWISE_VECTORS, vecs), 0, -1) if not even or v % 2 == 0]
+    if not counts:
+        return None
+    v = min(counts, key=lambda v: -(-vecs // v) * v)
     fit = [w for w in range(POINTWISE_POSITIONS, 3, -1) if pointwise_fits(v, w, isa)]
 
     def waste(w: int) -> int:

@@ -18,6 +18,11 @@ conversion would: the float32 tensor and that pass are gone, and the layer write
 the bytes. Words of half blocks (`half_words`: the readers of an odd count of blocks,
 MobileNetV2's 144 channels) take one block a tile and round its lanes `v` and `v + b / 2`
 into one word.
+
+Where the input is its producer's words (`words_input`: kiln.transform.bf16_depthwise_words,
+the large images' expansions), a tile storing words of pairs sums block `2p` from the
+low halves of the pair's words (shifted up) and block `2p + 1` from the high halves
+(masked): the producer writes, and the layer reads, half the bytes.
 """
 
 from __future__ import annotations
@@ -31,12 +36,14 @@ from kiln.ir.attrs import ATTR_CONV_KERNEL
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
+    Const,
     IfThenElse,
     PrimExpr,
     PrimFunc,
     Stmt,
     Store,
     as_expr,
+    reinterpret,
     select,
     seq,
 )
@@ -46,8 +53,9 @@ from kiln.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, paral
 from kiln.kernels.tiles import const as _c
 from kiln.kernels.tiles import loop as _loop
 from kiln.ops import layout, te
-from kiln.ops.conv_bf16 import WordsSource
+from kiln.ops.conv_bf16 import WORDS_INPUT, WordsSource
 from kiln.ops.conv_geometry import ConvShape, conv_shape
+from kiln.ops.conv_nchwc_depthwise import input_shape
 from kiln.ops.packed_attrs import recorded_tile
 from kiln.target.isa import ISA
 
@@ -87,8 +95,9 @@ def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
     tail needs statements."""
     x, wp = args[0], args[1]
     bias = args[2] if len(args) > 2 else None
-    block = int(x.shape[4])
-    shape = conv_geometry(x.shape, attrs, (int(wp.shape[1]), int(wp.shape[2])))
+    block = int(x.shape[-1])
+    words_in = bool(attrs.get(WORDS_INPUT))
+    shape = conv_geometry(input_shape(x, attrs), attrs, (int(wp.shape[1]), int(wp.shape[2])))
     out_shape = layout.block_shape((shape.n, shape.c_out, shape.out_h, shape.out_w), block)
     output = words_output(params, anchor, result, out_shape)
     # The consumers' words (kiln.transform.bf16_words) pair the channel blocks, or the
@@ -96,14 +105,16 @@ def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
     if output is None or (output.source is not None and int(out_shape[1]) % 2
                           and not output.source.half):
         return None
+    if words_in and (output.source is None or output.source.half):
+        return None  # words in: the tiles sum both blocks of a pair (their words out)
     store, out, words = output.store, output.out, output.source
     tile = recorded_tile(attrs, 1, "conv2d_nchwc_depthwise")
     tile_w = tile[0] if tile else choose_tile_width(shape, isa)
     stmt = parallel_when(lambda: nest(
         shape, block, store.buffers[x], store.buffers[wp],
         None if bias is None else store.buffers[bias], out, tile_w, store.epilogue,
-        isa.fma, words), shape.n * shape.c_in * shape.out_h * shape.out_w * shape.kh * shape.kw,
-        isa=isa)
+        isa.fma, words, words_in),
+        shape.n * shape.c_in * shape.out_h * shape.out_w * shape.kh * shape.kw, isa=isa)
     border = [] if words is None else zero_border(out, words.pads)
     return PrimFunc((*(store.buffers[t] for t in params), out), seq(*border, stmt),
                     {ATTR_CONV_KERNEL: "conv2d_nchwc_depthwise"})
@@ -125,7 +136,9 @@ class NchwcDepthwise:
                     attrs: Mapping[str, Any], anchor: te.Tensor | None,
                     result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
         """The hand-built kernel (see kiln.kernels.lowering.Lowering.lower_fused)."""
-        if any(t.dtype != "float32" for t in (*args, *params)) or not all(
+        x_dtype = "int32" if attrs.get(WORDS_INPUT) else "float32"
+        if args[0].dtype != x_dtype or any(
+                t.dtype != "float32" for t in (*args, *params) if t is not args[0]) or not all(
                 isinstance(d, int) for t in args for d in t.shape[1:]):
             return None
         return build(params, args, attrs, anchor, result, isa=isa)
@@ -145,16 +158,30 @@ class TileSums:
     w: Buffer
     bias: Buffer | None
     fused: bool
+    #: `x` is the words `[N][C/2b][H * W][b]` (`words_input`), not float32 blocks.
+    words: bool = False
+
+    def load(self, n: PrimExpr, cb: PrimExpr, ih: PrimExpr, iw: PrimExpr, v: PrimExpr,
+             pair: tuple[PrimExpr, bool] | None) -> PrimExpr:
+        """Input lane `v` of block `cb` at `(ih, iw)`; of words, the low or high
+        (`pair[1]`) half of word row `pair[0]`'s, as float32."""
+        if pair is None:
+            return self.x[n, cb, ih, iw, v]
+        word = self.x[n, pair[0], ih * self.shape.w + iw, v]
+        bits = word & Const(-0x10000, "int32") if pair[1] else word << Const(16, "int32")
+        return reinterpret(bits, "float32")
 
     def __call__(self, n: PrimExpr, cb: PrimExpr, oh: PrimExpr, ow0: PrimExpr,
-                 kws: list[list[int]], stage: Buffer) -> Stmt:
+                 kws: list[list[int]], stage: Buffer,
+                 pair: tuple[PrimExpr, bool] | None = None) -> Stmt:
         """The sums of block `cb` at output row `oh`, columns `ow0 + t` for `t` of
-        `kws` (each column's taps kw), copied into `stage`."""
-        shape, block, x, w, bias = self.shape, self.block, self.x, self.w, self.bias
+        `kws` (each column's taps kw), copied into `stage`; `pair` (the word row and
+        which half: block `cb`'s place in the words) where the input is words."""
+        shape, block, w, bias = self.shape, self.block, self.w, self.bias
         sh, sw = shape.stride
         dh, dw = shape.dilation
         top, left = shape.pads[0], shape.pads[1]
-        dtype = x.dtype
+        dtype = w.dtype
         width = len(kws)
         acc = Buffer("acc", (width, block), dtype, "local")
         start = lanes_loop("v", block, lambda v: seq(*(
@@ -172,7 +199,8 @@ class TileSums:
                 def lane(v: PrimExpr, kw: int = kw, ts: list[int] = ts) -> Stmt:
                     wv = w[cb, kh, _c(kw), v]
                     return seq(*(Store(acc, madd(
-                        acc[_c(t), v], x[n, cb, ih, (ow0 + t) * sw + (kw * dw - left), v],
+                        acc[_c(t), v], self.load(n, cb, ih, (ow0 + t) * sw + (kw * dw - left),
+                                                 v, pair),
                         wv, self.fused), (_c(t), v)) for t in ts))
 
                 steps.append(lanes_loop("v", block, lane))
@@ -191,16 +219,17 @@ class TileSums:
 
 def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None,
          out: Buffer, tile_w: int, epilogue: Epilogue, fused: bool,
-         words: WordsSource | None = None) -> Stmt:
+         words: WordsSource | None = None, words_in: bool = False) -> Stmt:
     """The loop nest (see the module docstring): `x` `[N][C/b][H][W][b]`, `w`
     `[C/b][kh][kw][b]`, `bias` `[C/b * b]` or None, `out` `[N][C/b][OH][OW][b]`, or
     the words `words` describes (`[N][C/2b][rows][cols][b]` or `[N][C/2b][OH * OW][b]`:
-    a tile then sums both blocks of a pair; of half blocks, `[N][C/b][...][b/2]`, one)."""
+    a tile then sums both blocks of a pair; of half blocks, `[N][C/b][...][b/2]`, one);
+    `words_in`: `x` is words of pairs `[N][C/2b][H * W][b]` (the words out of pairs)."""
     sw, dw, left = shape.stride[1], shape.dilation[1], shape.pads[1]
     blocks = -(-shape.c_in // block)
-    dtype = x.dtype
+    dtype = w.dtype
     lo, hi = inner_columns(shape)
-    sums = TileSums(shape, block, x, w, bias, fused)
+    sums = TileSums(shape, block, x, w, bias, fused, words_in)
 
     def taps(ow: int) -> list[int]:
         """The kw whose input column lies inside the image for output column `ow`."""
@@ -258,8 +287,9 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
                     value(stage, (n, 2 * cb, oh, ow, v), j),
                     value(upper, (n, 2 * cb + 1, oh, ow, v), j)), (*word_at(cb, ow), v)))
 
-            body = seq(sums(n, 2 * cb, oh, ow0, kws, stage),
-                       sums(n, 2 * cb + 1, oh, ow0, kws, upper))
+            low, high = ((cb, False), (cb, True)) if words_in else (None, None)
+            body = seq(sums(n, 2 * cb, oh, ow0, kws, stage, low),
+                       sums(n, 2 * cb + 1, oh, ow0, kws, upper, high))
         return seq(body, _loop("j", width, put) if width > 1 else put(_c(0)))
 
     def row(n: PrimExpr, cb: PrimExpr, oh: PrimExpr) -> Stmt:
