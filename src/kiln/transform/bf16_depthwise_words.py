@@ -40,6 +40,7 @@ from kiln.ops.conv_nchwc_depthwise import NCHWC_DEPTHWISE
 from kiln.ops.packed_attrs import TILE
 from kiln.target.isa import ISA
 from kiln.transform.fuse_rule import MAX_FUSED_OPS, chain
+from kiln.transform.splice import splice
 
 #: Whether binding `k`'s group may store words (`bindings`, `k`, the uses, the block).
 Producer = Callable[[Sequence[g.Binding], int, Counter[g.Var], int], bool]
@@ -134,9 +135,5 @@ def read_words(fn: g.Function, isa: ISA, block: int, producer: Producer) -> g.Fu
             **{cv.WORDS_INPUT: (int(cast(int, shape[2])), int(cast(int, shape[3])))}))
     if not replaced:
         return fn
-    bindings: list[g.Binding] = []
-    for b in fn.bindings:
-        bindings.append(replaced.get(id(b.var), b))
-        if id(b.var) in after:
-            bindings.append(after[id(b.var)])
+    bindings = splice(fn.bindings, set(), {k: (v,) for k, v in replaced.items()}, after)
     return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))

@@ -74,9 +74,5 @@ def move_onto_concat_inputs(fn: g.Function) -> g.Function:
         dropped.add(id(cat))
     if not replaced:
         return fn
-    spliced: dict[int, tuple[g.Binding, ...]] = {k: (v,) for k, v in replaced.items()}
-    for b in fn.bindings:  # each moved op right after its input's binding
-        if id(b.var) in after:
-            spliced[id(b.var)] = (*spliced.get(id(b.var), (b,)), after[id(b.var)])
-    bindings = splice(fn.bindings, dropped, spliced)
+    bindings = splice(fn.bindings, dropped, {k: (v,) for k, v in replaced.items()}, after)
     return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))

@@ -20,7 +20,6 @@ fusion measured level there (docs/quantization.md, "AVX2 round four").
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,7 @@ import numpy as np
 
 from kiln import ops
 from kiln.ir import graph as g
-from kiln.ir.analysis.graph_uses import graph_vars_used
+from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
 from kiln.ops.quant_conv_words import CONV_DOT, WORDS_LAYOUT, fused_residual
@@ -52,7 +51,7 @@ class QuantResidual(FunctionPass):
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
-        reads = _reads(func)
+        reads = var_use_counts(func)  # the result counts as a reader
         convs = {b.var: b.value for b in func.bindings if isinstance(b.value, g.Call)
                  and b.value.op == CONV_DOT and self._fuses(b.value)
                  and reads[b.var] == 1}
@@ -91,19 +90,6 @@ def residual_add(c: g.Call) -> bool:
                     for i in ADD_DATA)
             and all(isinstance(a, g.Constant) and np.asarray(a.data).size == 1
                     for i, a in enumerate(c.args) if i not in ADD_DATA))
-
-
-def _reads(func: g.Function) -> Counter[g.Var]:
-    """How many times each value is read (the result counts as a reader)."""
-    reads: Counter[g.Var] = Counter(graph_vars_used(func.result))
-    for b in func.bindings:
-        if isinstance(b.value, g.Call):
-            reads.update(a for a in b.value.args if isinstance(a, g.Var))
-            reads.update(v for a in b.value.args if not isinstance(a, g.Var)
-                         for v in graph_vars_used(a))
-        else:
-            reads.update(graph_vars_used(b.value))
-    return reads
 
 
 def _fused(conv: g.Call, add: g.Call, operand: int) -> g.Call:
