@@ -89,3 +89,30 @@ def test_the_check_leaves_the_process_stderr_alone() -> None:
     assert "LLVM knows no CPU 'skylakee'" in proc.stdout and "'skylake'" in proc.stdout
     lines = proc.stderr.splitlines()
     assert lines == ["MARKER-BEFORE", "MARKER-DURING-CHECK", "MARKER-AFTER"], proc.stderr
+
+
+def test_the_host_names_need_no_child_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host target's CPU and features are LLVM's own detection: checked without the
+    child process that lists LLVM's names; a name the host did not detect still is."""
+    import kiln.target.llvm_names as names
+    from kiln.target.host import detected_names, host_config
+
+    host = detected_names()
+    if host is None:
+        pytest.skip("needs llvmlite")
+    triple, cpu, features = host
+    asked: list[str] = []
+
+    def listed(target: str, triple: str) -> names.LLVMNames | None:
+        asked.append(triple)
+        return names.LLVMNames(frozenset({cpu}), features)
+
+    monkeypatch.setattr(names, "_names_of_target", listed)
+    assert Target(host_config()).get("mcpu") == cpu
+    Target({"kind": "llvm", "mtriple": triple, "mcpu": cpu, "mattr": ["+" + f for f in features]})
+    assert asked == []
+    with pytest.raises(TargetError, match="LLVM knows no CPU 'not-this-cpu'"):
+        Target({"kind": "llvm", "mtriple": triple, "mcpu": "not-this-cpu"})
+    with pytest.raises(TargetError, match="no feature 'not-a-feature'"):
+        Target({"kind": "llvm", "mtriple": triple, "mcpu": cpu, "mattr": ["+not-a-feature"]})
+    assert asked == [triple, triple]

@@ -94,6 +94,15 @@ def _detected() -> tuple[str, str, tuple[str, ...]]:
     return str(llvm.get_process_triple()), str(llvm.get_host_cpu_name()), mattr
 
 
+def detected_names() -> tuple[str, str, frozenset[str]] | None:
+    """This machine's triple, CPU name and feature names as LLVM detected them (the
+    names LLVM itself gave, so it knows them); None without llvmlite."""
+    if llvm_if_installed() is None:
+        return None
+    triple, cpu, mattr = _detected()
+    return triple, cpu, frozenset(f[1:] for f in mattr)
+
+
 @functools.cache
 def _standing_in(cpu: str) -> tuple[str, str, tuple[str, ...]]:
     """`host` as the LLVM CPU `cpu` of this machine's triple, with that CPU's features."""

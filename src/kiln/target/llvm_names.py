@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from kiln._registry import suggest
 from kiln.errors import TargetError
-from kiln.target.host import llvm_if_installed, triple_arch
+from kiln.target.host import detected_names, llvm_if_installed, triple_arch
 
 # Asked in a child process: LLVM prints the lists to file descriptor 2.
 _LIST_NAMES = ("import llvmlite.binding as l, sys; l.initialize_all_targets(); "
@@ -84,6 +84,20 @@ def llvm_names(triple: str) -> LLVMNames | None:
     return None if target is None else _names_of_target(target, triple)
 
 
+def _detected_here(triple: str, mcpu: str | None, features: list[str]) -> bool:
+    """Whether `mcpu` and `features` are names LLVM detected on this machine, for a
+    triple of this machine's LLVM target: LLVM gave them, so it knows them, and the
+    child process that lists the names (70 ms of a start-up) is not needed (the host
+    target, `Target.from_host()`, names every feature of this CPU)."""
+    host = detected_names()
+    if host is None:
+        return False
+    host_triple_, host_cpu, host_features = host
+    if (mcpu and mcpu != host_cpu) or not host_features.issuperset(features):
+        return False
+    return triple == host_triple_ or _llvm_target(triple) == _llvm_target(host_triple_)
+
+
 def check_cpu_names(triple: str, mcpu: str | None, mattr: tuple[str, ...] | list[str],
                     kind: str) -> None:
     """TargetError, with a suggestion, if LLVM does not know `mcpu` or a feature of
@@ -91,6 +105,8 @@ def check_cpu_names(triple: str, mcpu: str | None, mattr: tuple[str, ...] | list
     or when LLVM lists no names for the target, nothing is checked."""
     features = [f.lstrip("+-") for f in mattr if f.lstrip("+-")]
     if not mcpu and not features:
+        return
+    if _detected_here(triple, mcpu, features):
         return
     names = llvm_names(triple)
     if names is None:
