@@ -28,7 +28,6 @@ side may use it as well as the code generators.
 from __future__ import annotations
 
 import hashlib
-import html
 import re
 
 from kiln.errors import CompileError
@@ -58,6 +57,8 @@ _HASH_CHARS = 16
 
 def html_text(text: object) -> str:
     """`text` for HTML element content or a double-quoted attribute: `& < > " '` escaped."""
+    import html  # here: its entity table costs 5 ms of every start, pages are rare
+
     return html.escape(str(text), quote=True)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Iterator
 from typing import Any
 
@@ -153,7 +154,7 @@ class _EntryPoint:
 @pytest.fixture
 def fake_entry_points(monkeypatch: pytest.MonkeyPatch) -> list[_EntryPoint]:
     eps: list[_EntryPoint] = []
-    monkeypatch.setattr(plugins.importlib.metadata, "entry_points",
+    monkeypatch.setattr(importlib.metadata, "entry_points",  # the scan imports it late
                         lambda group: eps if group == "kiln.backends" else [])
     monkeypatch.setattr(plugins, "_SCANNED", False)
     monkeypatch.setattr(plugins, "_BACKENDS", {})

@@ -103,6 +103,7 @@ from kiln.artifact.schema import (
 )
 from kiln.artifact.segments import content_parts
 from kiln.codegen import kernel_cache
+from kiln.driver import source_digest
 from kiln.driver.direct_write import write_direct
 from kiln.errors import FormatError, UnsafePathError
 
@@ -207,14 +208,26 @@ def kiln_source_fingerprint() -> str:
 
     The version number alone would serve stale objects to anyone running kiln
     from a source checkout while the codegens change under the same version.
+    Remembered in the cache directory under the files' sizes and times (`sources/`,
+    kiln.driver.source_digest): a process reads them only when one of them changed.
     """
 
     root = Path(kiln.__file__).resolve().parent
-    h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".c", ".h")):
-        h.update(str(path.relative_to(root)).encode() + b"\0")
-        h.update(path.read_bytes() + b"\0")
-    return h.hexdigest()
+    files = source_digest.source_files(root)
+    key, newest = source_digest.stat_key(root, files)
+    memo = _root() / "sources" / key if cache_enabled() else None
+    if memo is not None:
+        with contextlib.suppress(OSError, FormatError):
+            if _safe_dirs(create=False):
+                text = _read_checked(memo).decode("ascii", "replace")
+                if source_digest.is_digest(text):
+                    return text
+    digest = source_digest.content_digest(root, files)
+    if memo is not None and source_digest.settled(newest):
+        with contextlib.suppress(OSError):
+            if _safe_dirs(create=True):
+                _write_atomic(memo, [digest.encode()])
+    return digest
 
 
 def _version(dist: str) -> str | None:

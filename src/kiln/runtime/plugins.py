@@ -8,8 +8,6 @@ so a fresh process can load a plug-in's artifacts from an exported library.
 
 from __future__ import annotations
 
-import importlib.metadata
-
 BACKENDS_GROUP = "kiln.backends"
 
 _BACKENDS: dict[str, str | None] = {}  # entry point name -> error text (None: loaded)
@@ -26,6 +24,10 @@ def load_backends(*, force: bool = False) -> dict[str, str | None]:
     if _SCANNED and not force:
         return dict(_BACKENDS)
     _SCANNED = True
+    # imported here: importlib.metadata (with email, socket, ...) costs 8 ms of every
+    # start, and the scan runs only for a target kind or loader nobody registered
+    import importlib.metadata
+
     for ep in importlib.metadata.entry_points(group=BACKENDS_GROUP):
         if ep.name in _BACKENDS and not force:
             continue

@@ -21,7 +21,6 @@ import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from kiln._registry import Registry, suggest
@@ -112,6 +111,9 @@ class _TagTable:
             if self.loaded:
                 return
             self.loaded = True
+            # imported here: 4 ms of every start, and most builds name no tag
+            from importlib import resources
+
             folder = resources.files("kiln.target") / "tags"
             for entry in sorted(folder.iterdir(), key=lambda item: item.name):
                 if entry.name.endswith(".json"):
