@@ -96,10 +96,14 @@ def _detected() -> tuple[str, str, tuple[str, ...]]:
 
 def detected_names() -> tuple[str, str, frozenset[str]] | None:
     """This machine's triple, CPU name and feature names as LLVM detected them (the
-    names LLVM itself gave, so it knows them); None without llvmlite."""
+    names LLVM itself gave, so it knows them); None without llvmlite or where LLVM cannot
+    tell (it raises RuntimeError on a platform without the detection)."""
     if llvm_if_installed() is None:
         return None
-    triple, cpu, mattr = _detected()
+    try:
+        triple, cpu, mattr = _detected()
+    except RuntimeError:
+        return None
     return triple, cpu, frozenset(f[1:] for f in mattr)
 
 
