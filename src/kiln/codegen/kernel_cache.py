@@ -36,7 +36,6 @@ import contextlib
 import contextvars
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln import __version__
+from kiln.target.host import llvmlite_version
 
 # v2 (2026-11-28): a kernel's part is stored under names made from its key
 FORMAT = "v2"
@@ -87,10 +87,7 @@ def codegen_fingerprint() -> str:
     """What besides a part's text decides its code: LLVM, llvmlite and the sources of
     kiln's LLVM backend (the optimisation pipeline lives there)."""
     h = hashlib.sha256()
-    try:
-        h.update(importlib.metadata.version("llvmlite").encode())
-    except importlib.metadata.PackageNotFoundError:
-        h.update(b"llvmlite ?")
+    h.update((llvmlite_version() or "llvmlite ?").encode())
     h.update(__version__.encode() + b"\0")
     for path in sorted((Path(__file__).resolve().parent / "llvm").glob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")

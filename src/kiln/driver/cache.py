@@ -61,7 +61,6 @@ import contextlib
 import errno
 import functools
 import hashlib
-import importlib.metadata
 import json
 import mmap
 import os
@@ -106,6 +105,7 @@ from kiln.codegen import kernel_cache
 from kiln.driver import source_digest
 from kiln.driver.direct_write import write_direct
 from kiln.errors import FormatError, UnsafePathError
+from kiln.target.host import llvmlite_version
 
 # 3 (2026-11-23): an entry records its key ("key"), checked on lookup.
 CACHE_FORMAT = 3
@@ -196,7 +196,7 @@ def cache_key(*, ir_fingerprint: str, weights: str | None, target_fingerprint: s
     fields = {"format": CACHE_FORMAT, "ir": ir_fingerprint, "weights": weights,
               "target": target_fingerprint,
               "kiln": __version__, "kiln_source": kiln_source_fingerprint(),
-              "llvmlite": _version("llvmlite"), "prefix": prefix, "codegen": codegen}
+              "llvmlite": llvmlite_version(), "prefix": prefix, "codegen": codegen}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
@@ -228,13 +228,6 @@ def kiln_source_fingerprint() -> str:
             if _safe_dirs(create=True):
                 _write_atomic(memo, [digest.encode()])
     return digest
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 # ------------------------------------------------------------------ size cap

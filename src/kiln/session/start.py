@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import platform
@@ -41,6 +40,7 @@ from kiln.runtime.loading import load_shared_library
 from kiln.runtime.module import LibraryModule
 from kiln.runtime.private_dirs import make_private_dir, remove_private_dir
 from kiln.session.node_arg import ModelMetadata, SessionOptions
+from kiln.target.host import llvmlite_version
 
 # 1 (2026-11-27): the first format: key fields below, entry metadata {"model",
 # "external_data", "source"}.
@@ -121,7 +121,7 @@ def _key(kind: str, model_digest: str, options: SessionOptions) -> str:
         "options": _canonical({k: v for k, v in sorted(vars(options).items())
                                if k not in RUNTIME_OPTIONS}),
         "cpu": host_identity(), "kiln": __version__,
-        "kiln_source": cache.kiln_source_fingerprint(), "llvmlite": _version("llvmlite"),
+        "kiln_source": cache.kiln_source_fingerprint(), "llvmlite": llvmlite_version(),
         "cc": _compiler_identity(), "env": compile_environment()}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
@@ -193,13 +193,6 @@ def _compiler_identity() -> str:
         return program
     st = os.stat(os.path.realpath(found))
     return f"{os.path.realpath(found)}\0{st.st_size}\0{st.st_mtime_ns}"
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 # ------------------------------------------------------------------ hit

@@ -31,6 +31,18 @@ def llvm_if_installed() -> ModuleType | None:
     return llvm
 
 
+@functools.cache
+def llvmlite_version() -> str | None:
+    """The installed llvmlite's version (its package's `__version__`, which its
+    distribution's metadata repeats; read without `importlib.metadata`, whose import
+    costs 8-12 ms of a start), or None when it is not installed."""
+    try:
+        import llvmlite  # optional: llvmlite (the compiler extra); the binding stays unloaded
+    except ImportError:
+        return None
+    return str(llvmlite.__version__)
+
+
 def llvm_available() -> bool:
     """Whether llvmlite can be imported."""
     return llvm_if_installed() is not None
