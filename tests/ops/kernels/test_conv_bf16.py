@@ -496,3 +496,43 @@ def test_large_expansion_stores_depthwise_words() -> None:
     got = np.asarray(ex["main"](x))  # one output: the array itself
     assert got.shape == want.shape
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL
+
+
+def _odd_blocks_expansion_model() -> Any:
+    """MobileNetV2's 56x56 edges of 144 channels (nine blocks): a 1x1 expansion 24 > 144
+    and ReLU6, whose float32 output (1.8 MB) exceeds the L2, a depthwise 3x3 layer and
+    ReLU6, a 1x1 projection to 24 channels; and the same with a strided depthwise layer
+    projected to 32 (each depthwise layer stores words of half blocks)."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 24, 56, 56))
+    six = (b.const(np.float32(0.0)), b.const(np.float32(6.0)))
+    for stride, out, c_out in ((1, "a", 24), (2, "b", 32)):
+        e = b.op("Clip", b.op("Conv", x, b.const(_weight(144, 24, 1, 1)),
+                              b.const(_weight(144))), *six)
+        d = b.op("Clip", b.op("Conv", e, b.const(_weight(144, 1, 3, 3)),
+                              b.const(_weight(144)), pads=[1, 1, 1, 1],
+                              strides=[stride, stride], group=144), *six)
+        b.node("Conv", [d, b.const(_weight(c_out, 144, 1, 1))], [out])
+        b.output(out, (1, c_out, 56 // stride, 56 // stride))
+    return b.model()
+
+
+def test_odd_blocks_expansion_stores_half_block_words() -> None:
+    """An expansion of an odd count of blocks whose float32 output exceeds the L2 stores
+    its depthwise layer's words of half blocks (kiln.transform.bf16_depthwise_words),
+    which the layer reads as bfloat16 values `[N][C/b][H * W][b]` in the words' order
+    (weight and bias reordered so) and stores its projection's words of half blocks;
+    both layers (stride 1 and 2) match float32 onnxruntime."""
+    model = _odd_blocks_expansion_model()
+    ex = kiln.compile(from_onnx(model), _bf16_host())
+    funcs = ex.ir.prim_funcs()
+    dws = [f for name, f in funcs.items() if name.startswith("fused_conv2d_nchwc_depthwise")]
+    assert len(dws) == 2
+    for dw in dws:
+        assert dw.params[0].dtype == "int32"
+        assert tuple(int(d) for d in dw.params[0].shape) == (1, 9, 56 * 56, 8)
+    x = RNG.standard_normal((1, 24, 56, 56)).astype(np.float32)
+    got = [np.asarray(v) for v in ex["main"](x)]
+    for want, value in zip(onnxruntime_outputs(model, {"x": x}), got, strict=True):
+        assert value.shape == want.shape
+        assert np.linalg.norm(value - want) / np.linalg.norm(want) <= TOL

@@ -83,8 +83,9 @@ INT_VECTOR_BINARY = frozenset({"add", "sub", "mul", "min", "max", "and", "or", "
 SHIFTS = frozenset({"shl", "shr"})
 # reinterpret / cast between these two only (both 32 bits wide)
 BIT_CAST_DTYPES = frozenset({"float32", "int32"})
-# a store into these narrows int32 lanes (a Cast at the top of the stored value)
-NARROW_STORE_DTYPES = frozenset({"int8", "uint8"})
+# a store into these narrows int32 lanes (a Cast at the top of the stored value; 16-bit
+# lanes: bfloat16 values, kiln.kernels.conv.nchwc_depthwise)
+NARROW_STORE_DTYPES = frozenset({"int8", "uint8", "int16", "uint16"})
 # byte and word lanes: loads, stores, min, max and selects (no arithmetic)
 SMALL_INT_DTYPES = frozenset({"int8", "uint8", "int16", "uint16"})
 SMALL_INT_BINARY = frozenset({"min", "max"})
@@ -94,7 +95,7 @@ WIDENED_DTYPES = frozenset({INT_VECTOR_DTYPE, "float32"})
 
 def vector_cast_fault(src: str, dst: str) -> str | None:
     """Why a `cast` of `src` lanes to `dst` has no vector form, or None: int32 to float32,
-    byte or word lanes widened to int32 or float32, int32 narrowed to int8/uint8."""
+    byte or word lanes widened to int32 or float32, int32 narrowed to bytes or words."""
     if (src, dst) == (INT_VECTOR_DTYPE, "float32") or (
             src in SMALL_INT_DTYPES and dst in WIDENED_DTYPES) or (
             src == INT_VECTOR_DTYPE and dst in NARROW_STORE_DTYPES):
