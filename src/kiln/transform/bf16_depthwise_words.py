@@ -48,7 +48,7 @@ from kiln.transform.splice import splice
 Producer = Callable[[Sequence[g.Binding], int, Counter[g.Var], int, bool], bool]
 
 
-def _large_pairs(t: object, block: int, isa: ISA, half: bool = False) -> bool:
+def large_blocks(t: object, block: int, isa: ISA, half: bool = False) -> bool:
     """Whether `t` is a float32 NCHW{block}c value of static sizes and an even count of
     blocks (any count for words of `half` blocks), one image of which exceeds the L2."""
     if not (isinstance(t, TensorType) and t.dtype == "float32" and t.ndim == 5
@@ -143,7 +143,7 @@ def read_words(fn: g.Function, isa: ISA, block: int, producer: Producer) -> g.Fu
         x = dw.args[0]
         k = index.get(id(x))
         if not (isinstance(x, g.Var) and k is not None and uses[x] == 1
-                and id(x) not in returned and _large_pairs(x.type, block, isa, half)):
+                and id(x) not in returned and large_blocks(x.type, block, isa, half)):
             continue
         if half:
             halved = _halves_call(dw, block)

@@ -536,3 +536,35 @@ def test_odd_blocks_expansion_stores_half_block_words() -> None:
     for want, value in zip(onnxruntime_outputs(model, {"x": x}), got, strict=True):
         assert value.shape == want.shape
         assert np.linalg.norm(value - want) / np.linalg.norm(want) <= TOL
+
+
+def _stem_pool_model() -> Any:
+    """ResNet's stem: a 7x7/2 layer 3 > 64 and ReLU at 224x224, whose float32 output
+    (3.2 MB at 112x112) exceeds the L2, a 3x3/2 max pool (pad 1), a 3x3 layer and the
+    residual add that also reads the pool's output."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 224, 224))
+    s = b.op("Relu", b.op("Conv", x, b.const(_weight(64, 3, 7, 7)), b.const(_weight(64)),
+                          pads=[3, 3, 3, 3], strides=[2, 2]))
+    p = b.op("MaxPool", s, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
+    c = b.op("Conv", p, b.const(_weight(64, 64, 3, 3)), pads=[1, 1, 1, 1])
+    b.node("Add", [c, p], ["out"])
+    b.output("out", (1, 64, 56, 56))
+    return b.model()
+
+
+def test_stem_stores_max_pool_words() -> None:
+    """A stem whose float32 output exceeds the L2 stores its max pool's words of pairs of
+    blocks (kiln.transform.bf16_pool_words) and the pool reads them, int32
+    `[N][C/32][H * W][16]`; the output matches float32 onnxruntime."""
+    model = _stem_pool_model()
+    ex = kiln.compile(from_onnx(model), _bf16_host())
+    funcs = ex.ir.prim_funcs()
+    (pool,) = (f for name, f in funcs.items() if name.startswith("pool2d_nchwc"))
+    assert pool.params[0].dtype == "int32"
+    assert tuple(int(d) for d in pool.params[0].shape) == (1, 2, 112 * 112, 16)
+    x = RNG.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    (want,) = onnxruntime_outputs(model, {"x": x})
+    got = np.asarray(ex["main"](x))
+    assert got.shape == want.shape
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL
