@@ -35,7 +35,13 @@ from kiln.ir import weight_origin as wo
 from kiln.ir.tensor import PrimExpr, as_expr, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
-from kiln.ops.conv_bf16 import HALF_WORDS, WORDS_INPUT, word_half
+from kiln.ops.conv_bf16 import (
+    HALF_WORDS,
+    WORDS_INPUT,
+    flat_words_shape,
+    flat_words_values,
+    word_half,
+)
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
 from kiln.ops.packed_attrs import recorded_tile
 from kiln.ops.registry import register_op
@@ -99,18 +105,8 @@ def halves_lane(channel: PrimExpr, block: int) -> PrimExpr:
 def input_shape(x: TensorType | te.Tensor, attrs: Attrs) -> tuple[Any, ...]:
     """The float32 NCHW{b}c shape of a call's input `x`: its own, or that of the values
     whose words it is (`WORDS_INPUT`, checked)."""
-    shape = tuple(x.shape)
-    if not attrs.get(WORDS_INPUT):
-        return shape
-    h, w = (int(d) for d in attrs[WORDS_INPUT])
-    if x.dtype != "int32" or len(shape) != 4 or shape[2] != h * w or not isinstance(
-            shape[1], int):
-        raise IRError(f"{NCHWC_DEPTHWISE}: a {WORDS_INPUT} input must be int32 "
-                      f"[N][C/2b][{h} * {w}][b] (or [N][C/b][{h} * {w}][b/2] with "
-                      f"{HALF_WORDS}), got {x.dtype} {shape}")
-    if attrs.get(HALF_WORDS):
-        return (shape[0], shape[1], h, w, 2 * int(shape[3]))
-    return (shape[0], 2 * shape[1], h, w, shape[3])
+    return flat_words_shape(x, attrs, NCHWC_DEPTHWISE) if attrs.get(WORDS_INPUT) else tuple(
+        x.shape)
 
 
 def _channels(types: Sequence[Any], attrs: Attrs) -> tuple[int, int, int, int]:
@@ -183,21 +179,14 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 def _reference(x: np.ndarray, wp: np.ndarray, bias: np.ndarray | None = None,
                **attrs: Any) -> np.ndarray:
     c = int(attrs["channels"])
-    if attrs.get(HALF_WORDS):  # [N][C/b][H * W][b/2] -> lanes v (low) and v + b/2 (high)
-        bits = np.ascontiguousarray(x).view(np.uint32).reshape(
-            *x.shape[:2], *attrs[WORDS_INPUT], x.shape[3])
-        x = np.concatenate([bits << 16, bits & 0xFFFF0000], axis=-1).view(np.float32)
-        inverse = np.argsort(halves_order(int(x.shape[4])))  # lane of each channel
-        wp = wp[..., inverse]
-        if bias is not None:
-            bias = bias.reshape(-1, x.shape[4])[:, inverse].reshape(-1)
+    if attrs.get(WORDS_INPUT):  # the words' float32 blocks
+        x = flat_words_values(x, attrs)
+        if attrs.get(HALF_WORDS):  # the weight and bias back in the channels' order
+            inverse = np.argsort(halves_order(int(x.shape[4])))  # lane of each channel
+            wp = wp[..., inverse]
+            if bias is not None:
+                bias = bias.reshape(-1, x.shape[4])[:, inverse].reshape(-1)
         attrs = {k: v for k, v in attrs.items() if k not in (WORDS_INPUT, HALF_WORDS)}
-    elif attrs.get(WORDS_INPUT):  # [N][P][H * W][b] -> the blocks 2p (low) and 2p + 1 (high)
-        bits = np.ascontiguousarray(x).view(np.uint32).reshape(
-            *x.shape[:2], *attrs[WORDS_INPUT], x.shape[3])
-        halves = np.stack([bits << 16, bits & 0xFFFF0000], axis=2)
-        x = halves.reshape(x.shape[0], 2 * x.shape[1], *bits.shape[2:]).view(np.float32)
-        attrs = {k: v for k, v in attrs.items() if k != WORDS_INPUT}
     out = conv_ref(layout.from_blocked(x, c), unpack_weight(wp, c),
                    None if bias is None else bias[:c], **attrs)
     return layout.to_blocked(out, int(x.shape[4]))

@@ -29,7 +29,7 @@ from kiln.errors import IRError
 from kiln.ir.tensor import PrimExpr
 from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
-from kiln.ops.conv_bf16 import WORDS_INPUT, word_half
+from kiln.ops.conv_bf16 import WORDS_INPUT, flat_words_shape, flat_words_values, word_half
 from kiln.ops.registry import get_op, register_op
 
 POOL_NCHWC = "pool2d_nchwc"
@@ -57,15 +57,8 @@ def split_attrs(attrs: Attrs) -> tuple[str, dict[str, Any]]:
 def input_shape(x: TensorType | te.Tensor, attrs: Attrs) -> tuple[Any, ...]:
     """The float32 NCHW{b}c shape of a call's input `x`: its own, or that of the values
     whose words it is (`WORDS_INPUT`, checked)."""
-    shape = tuple(x.shape)
-    if not attrs.get(WORDS_INPUT):
-        return shape
-    h, w = (int(d) for d in attrs[WORDS_INPUT])
-    if x.dtype != "int32" or len(shape) != 4 or shape[2] != h * w or not isinstance(
-            shape[1], int):
-        raise IRError(f"{POOL_NCHWC}: a {WORDS_INPUT} input must be int32 "
-                      f"[N][C/2b][{h} * {w}][b], got {x.dtype} {shape}")
-    return (shape[0], 2 * shape[1], h, w, shape[3])
+    return flat_words_shape(x, attrs, POOL_NCHWC) if attrs.get(WORDS_INPUT) else tuple(
+        x.shape)
 
 
 def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -104,10 +97,7 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 def _reference(x: np.ndarray, **attrs: Any) -> np.ndarray:
     pool, rest = split_attrs(attrs)
     if attrs.get(WORDS_INPUT):  # [N][P][H * W][b] -> the blocks 2p (low) and 2p + 1 (high)
-        bits = np.ascontiguousarray(x).view(np.uint32).reshape(
-            *x.shape[:2], *attrs[WORDS_INPUT], x.shape[3])
-        halves = np.stack([bits << 16, bits & 0xFFFF0000], axis=2)
-        x = halves.reshape(x.shape[0], 2 * x.shape[1], *bits.shape[2:]).view(np.float32)
+        x = flat_words_values(x, attrs)
     cb, b = x.shape[1], x.shape[4]
     plain = layout.from_blocked(x, cb * b)
     return layout.to_blocked(get_op(pool).reference(plain, **rest), b)

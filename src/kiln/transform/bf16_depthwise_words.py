@@ -96,7 +96,7 @@ def _halves_call(dw: g.Call, block: int) -> g.Call | None:
     """`dw` (a depthwise layer of whole blocks, its weight and bias constants) with its
     weight and bias in the lane order of words of half blocks (kiln.ops.conv_nchwc_depthwise
     `halves_order`), the order its kernel reads them in; None where it does not qualify."""
-    if int(dw.attrs["channels"]) % block or not all(
+    if int(cast(int, dw.attrs["channels"])) % block or not all(
             isinstance(a, g.Constant) for a in dw.args[1:]):
         return None
     consts = [_halves_lanes(cast(g.Constant, a), block) for a in dw.args[1:]]

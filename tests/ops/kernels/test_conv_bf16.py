@@ -37,7 +37,9 @@ the run test skips.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,6 +64,7 @@ from kiln.ops.conv_bf16 import (
 )
 from kiln.ops.conv_geometry import conv_shape
 from kiln.ops.gemm_bf16 import bf16_round
+from kiln.runtime import load_module
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
@@ -517,25 +520,38 @@ def _odd_blocks_expansion_model() -> Any:
     return b.model()
 
 
-def test_odd_blocks_expansion_stores_half_block_words() -> None:
+def _matches_at_threads(ex: Any, model: Any, x: np.ndarray, tmp_path: Path) -> None:
+    """`ex`'s library, loaded afresh at one and at two threads (each its own pool), gives
+    the same outputs at both, within `TOL` of float32 onnxruntime's."""
+    path = tmp_path / "lib.so"
+    ex.export_library(path)
+    runs = []
+    for threads in (1, 2):
+        copy = tmp_path / f"lib{threads}.so"
+        shutil.copyfile(path, copy)
+        out = load_module(copy, num_threads=threads)["main"](x)
+        runs.append([np.asarray(v) for v in (out if isinstance(out, (list, tuple)) else [out])])
+    for one, two in zip(*runs, strict=True):
+        np.testing.assert_array_equal(one, two)
+    for want, got in zip(onnxruntime_outputs(model, {"x": x}), runs[1], strict=True):
+        assert got.shape == want.shape
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL
+
+
+def test_odd_blocks_expansion_stores_half_block_words(tmp_path: Path) -> None:
     """An expansion of an odd count of blocks whose float32 output exceeds the L2 stores
     its depthwise layer's words of half blocks (kiln.transform.bf16_depthwise_words),
     which the layer reads as bfloat16 values `[N][C/b][H * W][b]` in the words' order
     (weight and bias reordered so) and stores its projection's words of half blocks;
-    both layers (stride 1 and 2) match float32 onnxruntime."""
+    both layers (stride 1 and 2) match float32 onnxruntime at one and two threads."""
     model = _odd_blocks_expansion_model()
     ex = kiln.compile(from_onnx(model), _bf16_host())
-    funcs = ex.ir.prim_funcs()
-    dws = [f for name, f in funcs.items() if name.startswith("fused_conv2d_nchwc_depthwise")]
-    assert len(dws) == 2
-    for dw in dws:
-        assert dw.params[0].dtype == "int32"
-        assert tuple(int(d) for d in dw.params[0].shape) == (1, 9, 56 * 56, 8)
-    x = RNG.standard_normal((1, 24, 56, 56)).astype(np.float32)
-    got = [np.asarray(v) for v in ex["main"](x)]
-    for want, value in zip(onnxruntime_outputs(model, {"x": x}), got, strict=True):
-        assert value.shape == want.shape
-        assert np.linalg.norm(value - want) / np.linalg.norm(want) <= TOL
+    dws = [f for name, f in ex.ir.prim_funcs().items()
+           if name.startswith("fused_conv2d_nchwc_depthwise")]
+    assert [(dw.params[0].dtype, tuple(int(d) for d in dw.params[0].shape)) for dw in dws
+            ] == [("int32", (1, 9, 56 * 56, 8))] * 2
+    _matches_at_threads(ex, model, RNG.standard_normal((1, 24, 56, 56)).astype(np.float32),
+                        tmp_path)
 
 
 def _stem_pool_model() -> Any:
@@ -553,18 +569,15 @@ def _stem_pool_model() -> Any:
     return b.model()
 
 
-def test_stem_stores_max_pool_words() -> None:
+def test_stem_stores_max_pool_words(tmp_path: Path) -> None:
     """A stem whose float32 output exceeds the L2 stores its max pool's words of pairs of
     blocks (kiln.transform.bf16_pool_words) and the pool reads them, int32
-    `[N][C/32][H * W][16]`; the output matches float32 onnxruntime."""
+    `[N][C/32][H * W][16]`; the output matches float32 onnxruntime at one and two
+    threads."""
     model = _stem_pool_model()
     ex = kiln.compile(from_onnx(model), _bf16_host())
-    funcs = ex.ir.prim_funcs()
-    (pool,) = (f for name, f in funcs.items() if name.startswith("pool2d_nchwc"))
-    assert pool.params[0].dtype == "int32"
-    assert tuple(int(d) for d in pool.params[0].shape) == (1, 2, 112 * 112, 16)
-    x = RNG.standard_normal((1, 3, 224, 224)).astype(np.float32)
-    (want,) = onnxruntime_outputs(model, {"x": x})
-    got = np.asarray(ex["main"](x))
-    assert got.shape == want.shape
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL
+    (pool,) = (f for name, f in ex.ir.prim_funcs().items() if name.startswith("pool2d_nchwc"))
+    assert (pool.params[0].dtype, tuple(int(d) for d in pool.params[0].shape)) == (
+        "int32", (1, 2, 112 * 112, 16))
+    _matches_at_threads(ex, model, RNG.standard_normal((1, 3, 224, 224)).astype(np.float32),
+                        tmp_path)

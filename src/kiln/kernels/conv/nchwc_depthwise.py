@@ -57,13 +57,13 @@ from kiln.ir.tensor import (
     select,
     seq,
 )
+from kiln.ir.visitor import iter_exprs
 from kiln.kernels.conv.bf16_words import words_output, zero_border
 from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
 from kiln.kernels.tiles import const as _c
 from kiln.kernels.tiles import loop as _loop
 from kiln.ops import layout, te
-from kiln.ir.visitor import iter_exprs
 from kiln.ops.conv_bf16 import HALF_WORDS, WORDS_INPUT, WordsSource
 from kiln.ops.conv_geometry import ConvShape, conv_shape
 from kiln.ops.conv_nchwc_depthwise import input_shape
@@ -196,8 +196,8 @@ class TileSums:
         (`pair[1]`) half of word row `pair[0]`'s, as float32; of words of half blocks
         (`x` their bfloat16 values `[N][C/b][H * W][b]`), value `v` of block `cb`'s."""
         if self.x.dtype == "uint16":
-            bits = Cast("int32", self.x[n, cb, ih * self.shape.w + iw, v])
-            return reinterpret(bits << Const(16, "int32"), "float32")
+            value = Cast("int32", self.x[n, cb, ih * self.shape.w + iw, v])
+            return reinterpret(value << Const(16, "int32"), "float32")
         if pair is None:
             return self.x[n, cb, ih, iw, v]
         word = self.x[n, pair[0], ih * self.shape.w + iw, v]

@@ -17,8 +17,8 @@ from kiln.kernels.conv.bf16_words import words_output
 from kiln.kernels.pool import window as pk
 from kiln.kernels.pool.nchwc import pool_nchwc_body
 from kiln.ops import layout, te
-from kiln.ops.pool import Window, scans_from_first
 from kiln.ops.conv_bf16 import WORDS_INPUT
+from kiln.ops.pool import Window, scans_from_first
 from kiln.ops.pool_nchwc import input_shape, merged_shape, split_attrs
 from kiln.target.isa import ISA
 
