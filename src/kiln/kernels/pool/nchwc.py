@@ -64,6 +64,17 @@ def _taps(start: PrimExpr, k: int, dilation: int, size: int) -> tuple[PrimExpr, 
     return lo, hi
 
 
+def _load(x: Buffer, w: int, n: PrimExpr, k: int, c: PrimExpr, r: PrimExpr, q: PrimExpr,
+          v: PrimExpr) -> PrimExpr:
+    """Lane `v` of block `c` (its task's `k`-th) at `(r, q)` of the blocks `x`, or of
+    their words of pairs (int32 `x`, `w` columns: block `2p` the low halves)."""
+    if x.dtype != "int32":
+        return x[n, c, r, q, v]
+    word = x[n, c // 2, r * w + q, v]
+    return reinterpret(word & Const(-0x10000, "int32") if k else word << Const(16, "int32"),
+                       "float32")
+
+
 def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buffer,
                     out: Buffer, epilogue: Epilogue, scan: bool = False, *, isa: ISA,
                     words: WordsLayout | None = None) -> Stmt:
@@ -74,21 +85,16 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
     `scans_from_first`: from -inf, a leading NaN kept). With `words` (the readers'
     `bf16_words` layout, kiln.transform.bf16_words) `out` is those words: a task takes a
     pair of blocks, and lane `v` of both blocks' results is rounded into one word. An
-    int32 `x` is its producer's words of pairs of blocks `[N][C/2b][H * W][b]`
-    (kiln.transform.bf16_pool_words): a task takes a pair of blocks, block `2p` the low
-    halves of its words (shifted up), `2p + 1` the high ones (masked)."""
+    int32 `x` is words of pairs of blocks `[N][C/2b][H * W][b]` (`_load`): a task then
+    takes a pair of blocks (kiln.transform.bf16_pool_words)."""
     # the batch may be symbolic: the outer loop's extent, the rest planned as pinned
     batch = x.shape[0] if not isinstance(x.shape[0], int) else int(x.shape[0])
-    words_in = x.dtype == "int32"
-    if words_in:
-        blocks, h, w = 2 * int(x.shape[1]), *(int(d) for d in geometry.shape[2:])
-        block = int(x.shape[3])
-    else:
-        blocks, h, w, block = (int(d) for d in x.shape[1:])
+    block, (h, w) = int(x.shape[-1]), geometry.shape[2:]
+    blocks = geometry.shape[1] // block
     (kh, kw), (sh, sw), (dh, dw) = geometry.kernel, geometry.strides, geometry.dilations
     top, left = geometry.begins
     out_h, out_w = geometry.out
-    dtype = "float32" if words_in else x.dtype
+    dtype = "float32" if x.dtype == "int32" else x.dtype
     start: PrimExpr = as_expr(0.0, dtype) if kind != "max" else \
         te.lowest_value(dtype) if scan else max_floor(dtype)
     counts = Buffer("window_count", (out_h, out_w), "float32")
@@ -97,16 +103,7 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
         return window_max(acc, value) if kind == "max" else acc + value
 
     # each task's channel blocks: one, or a pair of them when storing or reading words
-    group = 1 if words is None and not words_in else 2
-
-    def load(n: PrimExpr, k: int, c: PrimExpr, r: PrimExpr, q: PrimExpr,
-             v: PrimExpr) -> PrimExpr:
-        """Lane `v` of block `c` (the task's `k`-th) at `(r, q)`."""
-        if not words_in:
-            return x[n, c, r, q, v]
-        word = x[n, c // 2, r * w + q, v]
-        return reinterpret(word & Const(-0x10000, "int32") if k else word << Const(
-            16, "int32"), "float32")
+    group = 1 if words is None and x.dtype != "int32" else 2
 
     def row(n: PrimExpr, pair: PrimExpr, oh: PrimExpr) -> Stmt:
         r0 = Var("r0", INDEX_DTYPE)
@@ -122,8 +119,8 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
 
             def taps(i: PrimExpr) -> Stmt:
                 def lane(j: PrimExpr, v: PrimExpr) -> Stmt:
-                    return seq(*(Store(acc, fold(acc[v], load(
-                        n, k, channel(k), r0 + i * dh, q0 + j * dw, v)), (v,))
+                    return seq(*(Store(acc, fold(acc[v], _load(
+                        x, w, n, k, channel(k), r0 + i * dh, q0 + j * dw, v)), (v,))
                         for k, acc in enumerate(accs)))
 
                 def tap(j: PrimExpr) -> Stmt:
@@ -138,8 +135,8 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
                 idx = (n, c, oh, ow, v)
                 value = acc[v] if kind == "max" else acc[v] / counts[oh, ow]
                 if scan:  # the window's first tap: kh_lo, and its first column
-                    first = load(n, k, c, r0 + kh_lo * dh, q0 + (cols[0] if cols else 0) * dw,
-                                 v)
+                    q = q0 + (cols[0] if cols else 0) * dw
+                    first = _load(x, w, n, k, c, r0 + kh_lo * dh, q, v)
                     value = nan_order.with_leading_nan(first, value)
                 return epilogue(value, idx)
 
