@@ -37,7 +37,7 @@ from kiln.kernels.tiles import tile_lanes
 from kiln.ops import call
 from kiln.ops import conv_bf16 as cv
 from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
-from kiln.ops.conv_nchwc_depthwise import NCHWC_DEPTHWISE, halves_order
+from kiln.ops.conv_nchwc_depthwise import NCHWC_DEPTHWISE
 from kiln.ops.packed_attrs import TILE
 from kiln.target.isa import ISA
 from kiln.transform.fuse_rule import MAX_FUSED_OPS, chain
@@ -92,6 +92,22 @@ def _paired(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
     return j, g.Binding(bindings[j].var, new)
 
 
+def _scalar_tail(bindings: Sequence[g.Binding], index: dict[int, int], k: int,
+                 j: int) -> bool:
+    """Whether the ops from binding `j`'s value to binding `k`'s (a group's epilogue)
+    read nothing but the value before them and scalar constants (a ReLU6: the same for
+    every channel, as a kernel summing lanes in another order needs)."""
+    while k != j:
+        value = bindings[k].value
+        if not isinstance(value, g.Call):
+            return False
+        chained = [a for a in value.args if not (isinstance(a, g.Constant) and a.data.size <= 1)]
+        if len(chained) != 1 or id(chained[0]) not in index:
+            return False
+        k = index[id(chained[0])]
+    return True
+
+
 def _halves_call(dw: g.Call, block: int) -> g.Call | None:
     """`dw` (a depthwise layer of whole blocks, its weight and bias constants) with its
     weight and bias in the lane order of words of half blocks (kiln.ops.conv_nchwc_depthwise
@@ -114,7 +130,6 @@ def _halves_lanes(c: g.Constant, block: int) -> g.Constant:
     out = np.ascontiguousarray(data.reshape(split).transpose(perm)).reshape(data.shape)
     origin = wo.step("reshape", wo.step("transpose", wo.step(
         "reshape", wo.origin_of(c.data), shape=split), perm=perm), shape=data.shape)
-    assert np.array_equal(out.reshape(shape), data.reshape(shape)[..., halves_order(block)])
     return g.Constant(wo.record(out, origin), c.name)
 
 
@@ -132,7 +147,9 @@ def read_words(fn: g.Function, isa: ISA, block: int, producer: Producer) -> g.Fu
             j = chain(fn.bindings, index[id(v.args[0])], uses, NCHWC_DEPTHWISE,
                       MAX_FUSED_OPS - 1)
             if j is not None:
-                heads[j] = bool(v.attrs.get(cv.HALF_WORDS))
+                half = bool(v.attrs.get(cv.HALF_WORDS))
+                if not half or _scalar_tail(fn.bindings, index, index[id(v.args[0])], j):
+                    heads[j] = half
     after: dict[int, g.Binding] = {}
     replaced: dict[int, g.Binding] = {}
     for j, half in sorted(heads.items()):
