@@ -130,7 +130,9 @@ def _halves_lanes(c: g.Constant, block: int) -> g.Constant:
     out = np.ascontiguousarray(data.reshape(split).transpose(perm)).reshape(data.shape)
     origin = wo.step("reshape", wo.step("transpose", wo.step(
         "reshape", wo.origin_of(c.data), shape=split), perm=perm), shape=data.shape)
-    return g.Constant(wo.record(out, origin), c.name)
+    reordered = g.Constant(out, c.name)
+    wo.record(reordered.data, origin)  # the constant's own (read-only) array
+    return reordered
 
 
 def read_words(fn: g.Function, isa: ISA, block: int, producer: Producer) -> g.Function:
