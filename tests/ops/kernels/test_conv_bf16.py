@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onnx import numpy_helper
 
 import kiln
 from kiln.errors import TargetError
@@ -63,8 +64,9 @@ from kiln.ops.conv_bf16 import (
     unpack_row_taps,
 )
 from kiln.ops.conv_geometry import conv_shape
+from kiln.ops.conv_nchwc_depthwise import halves_order, pack_weight
 from kiln.ops.gemm_bf16 import bf16_round
-from kiln.runtime import load_module
+from kiln.runtime import load_module, swap
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
@@ -543,7 +545,8 @@ def test_odd_blocks_expansion_stores_half_block_words(tmp_path: Path) -> None:
     its depthwise layer's words of half blocks (kiln.transform.bf16_depthwise_words),
     which the layer reads as bfloat16 values `[N][C/b][H * W][b]` in the words' order
     (weight and bias reordered so) and stores its projection's words of half blocks;
-    both layers (stride 1 and 2) match float32 onnxruntime at one and two threads."""
+    both layers (stride 1 and 2) match float32 onnxruntime at one and two threads. The
+    reordered weights' replay (a weight swap's) rebuilds them from the ONNX weights."""
     model = _odd_blocks_expansion_model()
     ex = kiln.compile(from_onnx(model), _bf16_host())
     dws = [f for name, f in ex.ir.prim_funcs().items()
@@ -552,6 +555,15 @@ def test_odd_blocks_expansion_stores_half_block_words(tmp_path: Path) -> None:
             ] == [("int32", (1, 9, 56 * 56, 8))] * 2
     _matches_at_threads(ex, model, RNG.standard_normal((1, 24, 56, 56)).astype(np.float32),
                         tmp_path)
+    _, record = swap.replay_record(load_module(tmp_path / "lib1.so"))
+    named = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    weights = [c for c in record["constants"] if "op" in c and c["shape"] == [9, 3, 3, 16]]
+    rebuilt = [d.view(np.float32).reshape(9, 3, 3, 16)
+               for _, d in swap.rebuild(dict(record, constants=weights), named)]
+    packed = [pack_weight(w, 16)[..., halves_order(16)] for w in named.values()
+              if w.shape == (144, 1, 3, 3)]
+    assert len(rebuilt) == 2
+    assert all(any(np.array_equal(r, p) for p in packed) for r in rebuilt)
 
 
 def _stem_pool_model() -> Any:
