@@ -156,6 +156,8 @@ def main() -> None:
     print(f"{args.onnx or args.model}, {args.threads} thread(s): median us per call, "
           f"{args.blocks} blocks of {args.calls} calls per library")
     names = sorted(times[0], key=lambda k: -statistics.median(times[0][k]))
+    for t in times[1:]:  # the kernels the first library does not have (renamed, new)
+        names += sorted((k for k in t if k not in names), key=lambda k: -statistics.median(t[k]))
     print(f"{'kernel':<32}" + "".join(f"{s[-24:]:>26}" for s in labels))
     for name in names:
         print(f"{name:<32}" + "".join(

@@ -35,8 +35,9 @@ from kiln.kernels.conv.nchwc import (
 )
 from kiln.ops.conv_bf16 import BF16_WORDS
 from kiln.ops.conv_geometry import ConvShape
-from kiln.ops.conv_nchwc_depthwise import NCHWC_DEPTHWISE, pack_weight
+from kiln.ops.conv_nchwc_depthwise import NCHWC_DEPTHWISE, halves_order, pack_weight
 from kiln.ops.gemm_bf16 import bf16_round
+from kiln.ops.pool_nchwc import POOL_NCHWC
 from kiln.ops.registry import get_op
 from kiln.target import Target
 from kiln.target.isa import isa_for
@@ -340,3 +341,37 @@ def test_words_input_reference_reads_the_rounded_values() -> None:
     dw = get_op(NCHWC_DEPTHWISE).reference
     got = dw(words, wp, **attrs, words_input=(6, 5))
     np.testing.assert_array_equal(got, dw(bf16_round(x), wp, **attrs))
+
+
+def test_half_words_input_reference_reads_the_rounded_values() -> None:
+    """With `half_words` too, the depthwise call reads words of half blocks (an odd count
+    of blocks) and its weight and bias in the words' lane order (`halves_order`): the
+    output of the float32 call on the value rounded to bfloat16 (the reference and the
+    tensor-expression definition)."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 3, 6, 5, 16)).astype(np.float32)
+    wp = pack_weight(rng.standard_normal((48, 1, 3, 3)).astype(np.float32), 16)
+    bias = rng.standard_normal(48).astype(np.float32)
+    attrs = {"channels": 48, "group": 48, "pads": [1, 1, 1, 1], "strides": [1, 1]}
+    words = get_op(BF16_WORDS).reference(x, pads=(0, 0, 0, 0), flat=True, half_words=True)
+    assert words.shape == (1, 3, 30, 8)
+    order = halves_order(16)
+    lanes = dict(attrs, words_input=(6, 5), half_words=True)
+    dw = get_op(NCHWC_DEPTHWISE)
+    want = dw.reference(bf16_round(x), wp, bias, **attrs)
+    got = dw.reference(words, np.ascontiguousarray(wp[..., order]),
+                       bias.reshape(3, 16)[:, order].reshape(-1), **lanes)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_pool_words_input_reference_reads_the_rounded_values() -> None:
+    """`pool2d_nchwc` with `words_input` (kiln.ops.pool_nchwc) pools the bfloat16 values
+    of the words `bf16_words` (`flat`) stores: the float32 pool of the rounded value."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 4, 7, 6, 16)).astype(np.float32)
+    attrs = {"pool": "max_pool2d", "kernel_shape": [3, 3], "pads": [1, 1, 1, 1],
+             "strides": [2, 2]}
+    words = get_op(BF16_WORDS).reference(x, pads=(0, 0, 0, 0), flat=True)
+    pool = get_op(POOL_NCHWC).reference
+    np.testing.assert_array_equal(pool(words, **attrs, words_input=(7, 6)),
+                                  pool(bf16_round(x), **attrs))

@@ -52,7 +52,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -349,6 +349,34 @@ def words_values(words: np.ndarray, attrs: Attrs) -> np.ndarray:
     bits = np.ascontiguousarray(inner).view(np.uint32)
     halves = np.stack([bits << 16, bits & 0xFFFF0000], axis=2)  # [n][P][2][h][w][b]
     return halves.reshape(n, 2 * pairs, *halves.shape[3:]).view(np.float32)
+
+
+def flat_words_shape(x: TensorType | te.Tensor, attrs: Attrs, op: str) -> tuple[Any, ...]:
+    """The float32 NCHW{b}c shape of the values whose flat words (`bf16_words` `flat`) a
+    call of `op` with `WORDS_INPUT` (`(h, w)`) reads as `x`: int32 `[N][C/2b][h * w][b]`,
+    or, with `HALF_WORDS`, `[N][C/b][h * w][b/2]` (checked)."""
+    shape = tuple(x.shape)
+    h, w = (int(d) for d in attrs[WORDS_INPUT])
+    if x.dtype != "int32" or len(shape) != 4 or shape[2] != h * w or not isinstance(
+            shape[1], int):
+        raise IRError(f"{op}: a {WORDS_INPUT} input must be int32 [N][C/2b][{h} * {w}][b] "
+                      f"(or [N][C/b][{h} * {w}][b/2] with {HALF_WORDS}), got {x.dtype} "
+                      f"{shape}")
+    if attrs.get(HALF_WORDS):
+        return (shape[0], shape[1], h, w, 2 * int(cast(int, shape[3])))
+    return (shape[0], 2 * shape[1], h, w, shape[3])
+
+
+def flat_words_values(words: np.ndarray, attrs: Attrs) -> np.ndarray:
+    """The float32 NCHW{b}c values (bfloat16) of the flat words `flat_words_shape`
+    describes: blocks `2p` (low halves) and `2p + 1`, or (`HALF_WORDS`) lanes `v` (low)
+    and `v + b/2` of block `p`."""
+    bits = np.ascontiguousarray(words).view(np.uint32).reshape(
+        *words.shape[:2], *attrs[WORDS_INPUT], words.shape[3])
+    if attrs.get(HALF_WORDS):
+        return np.concatenate([bits << 16, bits & 0xFFFF0000], axis=-1).view(np.float32)
+    halves = np.stack([bits << 16, bits & 0xFFFF0000], axis=2)
+    return halves.reshape(words.shape[0], 2 * words.shape[1], *bits.shape[2:]).view(np.float32)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,12 @@ stride-1 wide one does, and no padded copy of the input is made.
 With the attribute `words_input` (WORDS_INPUT, the input's `(h, w)`), `x` is instead
 the int32 words `[N][C/2b][H * W][b]` its producer stored (`bf16_words` of an even count
 of blocks, `flat`, kiln.ops.conv_bf16): lane `v` of blocks `2p` (low half) and
-`2p + 1` (high half) as bfloat16 (kiln.transform.bf16_depthwise_words).
+`2p + 1` (high half) as bfloat16 (kiln.transform.bf16_depthwise_words). With
+`half_words` (HALF_WORDS) too, `x` is the words of half blocks `[N][C/b][H * W][b/2]`
+(lanes `v` and `v + b/2` of block `p` in word `v`: an odd count of blocks, MobileNetV2's
+144 channels), and `wp` and `bias` hold each block's lanes in the words' memory order
+(`halves_order`: channel `v` then `v + b/2`), the order a kernel reading the words as
+`b` bfloat16 values of one position sums them in.
 """
 
 from __future__ import annotations
@@ -30,7 +35,13 @@ from kiln.ir import weight_origin as wo
 from kiln.ir.tensor import PrimExpr, as_expr, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
-from kiln.ops.conv_bf16 import WORDS_INPUT, word_half
+from kiln.ops.conv_bf16 import (
+    HALF_WORDS,
+    WORDS_INPUT,
+    flat_words_shape,
+    flat_words_values,
+    word_half,
+)
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
 from kiln.ops.packed_attrs import recorded_tile
 from kiln.ops.registry import register_op
@@ -79,18 +90,23 @@ def pack_bias(bias: np.ndarray, block: int) -> np.ndarray:
     return padded
 
 
+def halves_order(block: int) -> np.ndarray:
+    """The channel (within its block) of each lane of a `HALF_WORDS` call's packed weight
+    and bias: the words' memory order, channel `v` (low half of word `v`) then `v + b/2`."""
+    lanes = np.arange(block)
+    return lanes // 2 + (lanes % 2) * (block // 2)
+
+
+def halves_lane(channel: PrimExpr, block: int) -> PrimExpr:
+    """The lane of `channel` (within its block) in `halves_order`."""
+    return (channel % (block // 2)) * 2 + channel // (block // 2)
+
+
 def input_shape(x: TensorType | te.Tensor, attrs: Attrs) -> tuple[Any, ...]:
     """The float32 NCHW{b}c shape of a call's input `x`: its own, or that of the values
     whose words it is (`WORDS_INPUT`, checked)."""
-    shape = tuple(x.shape)
-    if not attrs.get(WORDS_INPUT):
-        return shape
-    h, w = (int(d) for d in attrs[WORDS_INPUT])
-    if x.dtype != "int32" or len(shape) != 4 or shape[2] != h * w or not isinstance(
-            shape[1], int):
-        raise IRError(f"{NCHWC_DEPTHWISE}: a {WORDS_INPUT} input must be int32 "
-                      f"[N][C/2b][{h} * {w}][b], got {x.dtype} {shape}")
-    return (shape[0], 2 * shape[1], h, w, shape[3])
+    return flat_words_shape(x, attrs, NCHWC_DEPTHWISE) if attrs.get(WORDS_INPUT) else tuple(
+        x.shape)
 
 
 def _channels(types: Sequence[Any], attrs: Attrs) -> tuple[int, int, int, int]:
@@ -130,16 +146,25 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     x, wp = inputs[0], inputs[1]
     shape = input_shape(x, attrs)
 
+    halves = bool(attrs.get(HALF_WORDS))
+
     def value(n: PrimExpr, ch: PrimExpr, h: PrimExpr, w: PrimExpr) -> PrimExpr:
+        if halves:  # lanes `v` (low) and `v + b/2` (high) of block `p` in word `v`
+            word = x[n, ch // b, h * shape[3] + w, ch % (b // 2)]
+            return word_half(word, ch % b >= b // 2)
         if attrs.get(WORDS_INPUT):
             word = x[n, ch // (2 * b), h * shape[3] + w, ch % b]
             return word_half(word, (ch // b) % 2 >= 1)
         return x[n, ch // b, h, w, ch % b]
 
+    def lane(o: PrimExpr) -> PrimExpr:
+        return halves_lane(o % b, b) if halves else o % b
+
     plain = te.compute((x.shape[0], c, shape[2], shape[3]), value, wp.dtype, "x_nchw")
-    w = te.compute((c, 1, kh, kw), lambda o, i, p, q: wp[o // b, p, q, o % b], wp.dtype,
+    w = te.compute((c, 1, kh, kw), lambda o, i, p, q: wp[o // b, p, q, lane(o)], wp.dtype,
                    "weight")
-    rest = [te.compute((c,), lambda o, t=t: t[o], t.dtype, "bias") for t in inputs[2:]]
+    rest = [te.compute((c,), lambda o, t=t: t[o // b * b + lane(o)], t.dtype, "bias")
+            for t in inputs[2:]]
     out = conv_compute([plain, w, *rest], attrs)
 
     def blocked(n: PrimExpr, cb: PrimExpr, h: PrimExpr, ow: PrimExpr, v: PrimExpr) -> PrimExpr:
@@ -154,12 +179,14 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 def _reference(x: np.ndarray, wp: np.ndarray, bias: np.ndarray | None = None,
                **attrs: Any) -> np.ndarray:
     c = int(attrs["channels"])
-    if attrs.get(WORDS_INPUT):  # [N][P][H * W][b] -> the blocks 2p (low) and 2p + 1 (high)
-        bits = np.ascontiguousarray(x).view(np.uint32).reshape(
-            *x.shape[:2], *attrs[WORDS_INPUT], x.shape[3])
-        halves = np.stack([bits << 16, bits & 0xFFFF0000], axis=2)
-        x = halves.reshape(x.shape[0], 2 * x.shape[1], *bits.shape[2:]).view(np.float32)
-        attrs = {k: v for k, v in attrs.items() if k != WORDS_INPUT}
+    if attrs.get(WORDS_INPUT):  # the words' float32 blocks
+        x = flat_words_values(x, attrs)
+        if attrs.get(HALF_WORDS):  # the weight and bias back in the channels' order
+            inverse = np.argsort(halves_order(int(x.shape[4])))  # lane of each channel
+            wp = wp[..., inverse]
+            if bias is not None:
+                bias = bias.reshape(-1, x.shape[4])[:, inverse].reshape(-1)
+        attrs = {k: v for k, v in attrs.items() if k not in (WORDS_INPUT, HALF_WORDS)}
     out = conv_ref(layout.from_blocked(x, c), unpack_weight(wp, c),
                    None if bias is None else bias[:c], **attrs)
     return layout.to_blocked(out, int(x.shape[4]))

@@ -29,6 +29,7 @@ from typing import cast
 import numpy as np
 
 from kiln.ir import graph as g
+from kiln.ir import weight_origin as wo
 from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.types import TensorType
 from kiln.kernels.conv.nchwc import pointwise_fits, pointwise_tile
@@ -42,16 +43,17 @@ from kiln.target.isa import ISA
 from kiln.transform.fuse_rule import MAX_FUSED_OPS, chain
 from kiln.transform.splice import splice
 
-#: Whether binding `k`'s group may store words (`bindings`, `k`, the uses, the block).
-Producer = Callable[[Sequence[g.Binding], int, Counter[g.Var], int], bool]
+#: Whether binding `k`'s group may store words (`bindings`, `k`, the uses, the block,
+#: words of half blocks).
+Producer = Callable[[Sequence[g.Binding], int, Counter[g.Var], int, bool], bool]
 
 
-def _large_pairs(t: object, block: int, isa: ISA) -> bool:
+def large_blocks(t: object, block: int, isa: ISA, half: bool = False) -> bool:
     """Whether `t` is a float32 NCHW{block}c value of static sizes and an even count of
-    blocks, one image of which exceeds the L2."""
+    blocks (any count for words of `half` blocks), one image of which exceeds the L2."""
     if not (isinstance(t, TensorType) and t.dtype == "float32" and t.ndim == 5
             and all(isinstance(d, int) for d in t.shape[1:]) and t.shape[4] == block
-            and cast(int, t.shape[1]) % 2 == 0):
+            and (half or cast(int, t.shape[1]) % 2 == 0)):
         return False
     size = 4
     for d in t.shape[1:]:
@@ -90,6 +92,49 @@ def _paired(bindings: Sequence[g.Binding], k: int, uses: Counter[g.Var],
     return j, g.Binding(bindings[j].var, new)
 
 
+def _scalar_tail(bindings: Sequence[g.Binding], index: dict[int, int], k: int,
+                 j: int) -> bool:
+    """Whether the ops from binding `j`'s value to binding `k`'s (a group's epilogue)
+    read nothing but the value before them and scalar constants (a ReLU6: the same for
+    every channel, as a kernel summing lanes in another order needs)."""
+    while k != j:
+        value = bindings[k].value
+        if not isinstance(value, g.Call):
+            return False
+        chained = [a for a in value.args if not (isinstance(a, g.Constant) and a.data.size <= 1)]
+        if len(chained) != 1 or id(chained[0]) not in index:
+            return False
+        k = index[id(chained[0])]
+    return True
+
+
+def _halves_call(dw: g.Call, block: int) -> g.Call | None:
+    """`dw` (a depthwise layer of whole blocks, its weight and bias constants) with its
+    weight and bias in the lane order of words of half blocks (kiln.ops.conv_nchwc_depthwise
+    `halves_order`), the order its kernel reads them in; None where it does not qualify."""
+    if int(cast(int, dw.attrs["channels"])) % block or not all(
+            isinstance(a, g.Constant) for a in dw.args[1:]):
+        return None
+    consts = [_halves_lanes(cast(g.Constant, a), block) for a in dw.args[1:]]
+    return call(NCHWC_DEPTHWISE, dw.args[0], *consts, **dict(dw.attrs))
+
+
+def _halves_lanes(c: g.Constant, block: int) -> g.Constant:
+    """The constant `c` (`[...][block]` lanes last) with each block's lanes in
+    `halves_order`: lane `2a + h` holds channel `a + h * block / 2` (a reshape, a
+    transpose and a reshape, replayed as such on swapped weights)."""
+    data = np.asarray(c.data)
+    shape = data.shape if data.ndim > 1 else (data.size // block, block)
+    split = (*shape[:-1], 2, block // 2)
+    perm = (*range(len(shape) - 1), len(shape), len(shape) - 1)
+    out = np.ascontiguousarray(data.reshape(split).transpose(perm)).reshape(data.shape)
+    origin = wo.step("reshape", wo.step("transpose", wo.step(
+        "reshape", wo.origin_of(c.data), shape=split), perm=perm), shape=data.shape)
+    reordered = g.Constant(out, c.name)
+    wo.record(reordered.data, origin)  # the constant's own (read-only) array
+    return reordered
+
+
 def read_words(fn: g.Function, isa: ISA, block: int, producer: Producer) -> g.Function:
     """`fn` with each qualifying depthwise layer (module docstring) reading its input's
     words; `producer` tells whether a binding's group may store them."""
@@ -97,18 +142,19 @@ def read_words(fn: g.Function, isa: ISA, block: int, producer: Producer) -> g.Fu
     results = fn.result.fields if isinstance(fn.result, g.Tuple) else (fn.result,)
     returned = {id(r) for r in results}
     index = {id(b.var): k for k, b in enumerate(fn.bindings)}
-    heads = set()  # the depthwise layers whose group stores words of pairs of blocks
+    heads: dict[int, bool] = {}  # the depthwise layers whose group stores words: half?
     for b in fn.bindings:
         v = b.value
-        if (isinstance(v, g.Call) and v.op == cv.BF16_WORDS and not v.attrs.get(cv.HALF_WORDS)
-                and id(v.args[0]) in index):
+        if isinstance(v, g.Call) and v.op == cv.BF16_WORDS and id(v.args[0]) in index:
             j = chain(fn.bindings, index[id(v.args[0])], uses, NCHWC_DEPTHWISE,
                       MAX_FUSED_OPS - 1)
             if j is not None:
-                heads.add(j)
+                half = bool(v.attrs.get(cv.HALF_WORDS))
+                if not half or _scalar_tail(fn.bindings, index, index[id(v.args[0])], j):
+                    heads[j] = half
     after: dict[int, g.Binding] = {}
     replaced: dict[int, g.Binding] = {}
-    for j in sorted(heads):
+    for j, half in sorted(heads.items()):
         b = fn.bindings[j]
         dw = cast(g.Call, b.value)
         if cv.WORDS_INPUT in dw.attrs:
@@ -116,22 +162,28 @@ def read_words(fn: g.Function, isa: ISA, block: int, producer: Producer) -> g.Fu
         x = dw.args[0]
         k = index.get(id(x))
         if not (isinstance(x, g.Var) and k is not None and uses[x] == 1
-                and id(x) not in returned and _large_pairs(x.type, block, isa)):
+                and id(x) not in returned and large_blocks(x.type, block, isa, half)):
             continue
-        if not producer(fn.bindings, k, uses, block):
+        if half:
+            halved = _halves_call(dw, block)
+            if halved is None or not producer(fn.bindings, k, uses, block, True):
+                continue
+            dw = halved
+        elif not producer(fn.bindings, k, uses, block, False):
             repacked = _paired(fn.bindings, k, uses, isa)
             trial = list(fn.bindings)
             if repacked is not None:
                 trial[repacked[0]] = repacked[1]
-            if repacked is None or not producer(trial, k, uses, block):
+            if repacked is None or not producer(trial, k, uses, block, False):
                 continue
             replaced[id(repacked[1].var)] = repacked[1]
-        words = call(cv.BF16_WORDS, x, pads=(0, 0, 0, 0), flat=True)
+        rows = {cv.HALF_WORDS: True} if half else {}
+        words = call(cv.BF16_WORDS, x, pads=(0, 0, 0, 0), flat=True, **rows)
         var = g.Var(f"{x.name}_words", words.ret_type)
         after[id(x)] = g.Binding(var, words)
         shape = cast(TensorType, x.type).shape
         replaced[id(b.var)] = g.Binding(b.var, call(
-            NCHWC_DEPTHWISE, var, *dw.args[1:], **dict(dw.attrs),
+            NCHWC_DEPTHWISE, var, *dw.args[1:], **dict(dw.attrs), **rows,
             **{cv.WORDS_INPUT: (int(cast(int, shape[2])), int(cast(int, shape[3])))}))
     if not replaced:
         return fn

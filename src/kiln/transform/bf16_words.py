@@ -63,6 +63,7 @@ from kiln.ops.conv_nchwc_depthwise import NCHWC_DEPTHWISE
 from kiln.ops.pool_nchwc import POOL_NCHWC
 from kiln.target.isa import ISA
 from kiln.transform.bf16_depthwise_words import read_words
+from kiln.transform.bf16_pool_words import read_pool_words
 from kiln.transform.fuse_rule import MAX_FUSED_OPS, chain
 
 #: The ops whose kernels may store their readers' words in place of their float32 value.
@@ -218,7 +219,7 @@ def store_words(fn: g.Function, isa: ISA) -> g.Function:
             if id(b.var) in after:
                 bindings.append(after[id(b.var)])
         fn = g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))
-    return read_words(fn, isa, block, _producer)
+    return read_pool_words(read_words(fn, isa, block, _producer), isa, block, _producer)
 
 
 def words_tail(group: list[g.Binding], value: g.Expr) -> bool:

@@ -37,11 +37,14 @@ the run test skips.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from onnx import numpy_helper
 
 import kiln
 from kiln.errors import TargetError
@@ -61,7 +64,9 @@ from kiln.ops.conv_bf16 import (
     unpack_row_taps,
 )
 from kiln.ops.conv_geometry import conv_shape
+from kiln.ops.conv_nchwc_depthwise import halves_order, pack_weight
 from kiln.ops.gemm_bf16 import bf16_round
+from kiln.runtime import load_module, swap
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
@@ -496,3 +501,95 @@ def test_large_expansion_stores_depthwise_words() -> None:
     got = np.asarray(ex["main"](x))  # one output: the array itself
     assert got.shape == want.shape
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL
+
+
+def _odd_blocks_expansion_model() -> Any:
+    """MobileNetV2's 56x56 edges of 144 channels (nine blocks): a 1x1 expansion 24 > 144
+    and ReLU6, whose float32 output (1.8 MB) exceeds the L2, a depthwise 3x3 layer and
+    ReLU6, a 1x1 projection to 24 channels; and the same with a strided depthwise layer
+    projected to 32 (each depthwise layer stores words of half blocks)."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 24, 56, 56))
+    six = (b.const(np.float32(0.0)), b.const(np.float32(6.0)))
+    for stride, out, c_out in ((1, "a", 24), (2, "b", 32)):
+        e = b.op("Clip", b.op("Conv", x, b.const(_weight(144, 24, 1, 1)),
+                              b.const(_weight(144))), *six)
+        d = b.op("Clip", b.op("Conv", e, b.const(_weight(144, 1, 3, 3)),
+                              b.const(_weight(144)), pads=[1, 1, 1, 1],
+                              strides=[stride, stride], group=144), *six)
+        b.node("Conv", [d, b.const(_weight(c_out, 144, 1, 1))], [out])
+        b.output(out, (1, c_out, 56 // stride, 56 // stride))
+    return b.model()
+
+
+def _matches_at_threads(ex: Any, model: Any, x: np.ndarray, tmp_path: Path) -> None:
+    """`ex`'s library, loaded afresh at one and at two threads (each its own pool), gives
+    the same outputs at both, within `TOL` of float32 onnxruntime's."""
+    path = tmp_path / "lib.so"
+    ex.export_library(path)
+    runs = []
+    for threads in (1, 2):
+        copy = tmp_path / f"lib{threads}.so"
+        shutil.copyfile(path, copy)
+        out = load_module(copy, num_threads=threads)["main"](x)
+        runs.append([np.asarray(v) for v in (out if isinstance(out, (list, tuple)) else [out])])
+    for one, two in zip(*runs, strict=True):
+        np.testing.assert_array_equal(one, two)
+    for want, got in zip(onnxruntime_outputs(model, {"x": x}), runs[1], strict=True):
+        assert got.shape == want.shape
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL
+
+
+def test_odd_blocks_expansion_stores_half_block_words(tmp_path: Path) -> None:
+    """An expansion of an odd count of blocks whose float32 output exceeds the L2 stores
+    its depthwise layer's words of half blocks (kiln.transform.bf16_depthwise_words),
+    which the layer reads as bfloat16 values `[N][C/b][H * W][b]` in the words' order
+    (weight and bias reordered so) and stores its projection's words of half blocks;
+    both layers (stride 1 and 2) match float32 onnxruntime at one and two threads. The
+    reordered weights' replay (a weight swap's) rebuilds them from the ONNX weights."""
+    model = _odd_blocks_expansion_model()
+    ex = kiln.compile(from_onnx(model), _bf16_host())
+    dws = [f for name, f in ex.ir.prim_funcs().items()
+           if name.startswith("fused_conv2d_nchwc_depthwise")]
+    assert [(dw.params[0].dtype, tuple(int(d) for d in dw.params[0].shape)) for dw in dws
+            ] == [("int32", (1, 9, 56 * 56, 8))] * 2
+    _matches_at_threads(ex, model, RNG.standard_normal((1, 24, 56, 56)).astype(np.float32),
+                        tmp_path)
+    _, record = swap.replay_record(load_module(tmp_path / "lib1.so"))
+    named = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    weights = [c for c in record["constants"] if "op" in c and c["shape"] == [9, 3, 3, 16]]
+    rebuilt = [d.view(np.float32).reshape(9, 3, 3, 16)
+               for _, d in swap.rebuild(dict(record, constants=weights), named)]
+    packed = [pack_weight(w, 16)[..., halves_order(16)] for w in named.values()
+              if w.shape == (144, 1, 3, 3)]
+    assert len(rebuilt) == 2
+    assert all(any(np.array_equal(r, p) for p in packed) for r in rebuilt)
+
+
+def _stem_pool_model() -> Any:
+    """ResNet's stem: a 7x7/2 layer 3 > 64 and ReLU at 224x224, whose float32 output
+    (3.2 MB at 112x112) exceeds the L2, a 3x3/2 max pool (pad 1), a 3x3 layer and the
+    residual add that also reads the pool's output."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 224, 224))
+    s = b.op("Relu", b.op("Conv", x, b.const(_weight(64, 3, 7, 7)), b.const(_weight(64)),
+                          pads=[3, 3, 3, 3], strides=[2, 2]))
+    p = b.op("MaxPool", s, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
+    c = b.op("Conv", p, b.const(_weight(64, 64, 3, 3)), pads=[1, 1, 1, 1])
+    b.node("Add", [c, p], ["out"])
+    b.output("out", (1, 64, 56, 56))
+    return b.model()
+
+
+def test_stem_stores_max_pool_words(tmp_path: Path) -> None:
+    """A stem whose float32 output exceeds the L2 stores its max pool's words of pairs of
+    blocks (kiln.transform.bf16_pool_words) and the pool reads them, int32
+    `[N][C/32][H * W][16]`; the output matches float32 onnxruntime at one and two
+    threads."""
+    model = _stem_pool_model()
+    ex = kiln.compile(from_onnx(model), _bf16_host())
+    (pool,) = (f for name, f in ex.ir.prim_funcs().items() if name.startswith("pool2d_nchwc"))
+    assert (pool.params[0].dtype, tuple(int(d) for d in pool.params[0].shape)) == (
+        "int32", (1, 2, 112 * 112, 16))
+    _matches_at_threads(ex, model, RNG.standard_normal((1, 3, 224, 224)).astype(np.float32),
+                        tmp_path)

@@ -102,7 +102,7 @@ class _VectorBody:
                 narrow = narrowed(item)
                 if narrow is None:
                     value = self.vexpr(item.value)
-                else:  # int32 lanes truncated to bytes (one vpmovdb on AVX-512)
+                else:  # int32 lanes truncated to bytes or words (vpmovdb / vpmovdw)
                     value = self.b.trunc(self.vexpr(narrow), ir.VectorType(
                         storage_type(item.buffer.dtype), self.lanes))
                 ptr = self.fl.element_ptr(item.buffer, item.indices)

@@ -28,11 +28,11 @@ when:
   broadcast;
 - byte and word lanes (`SMALL_INT_DTYPES`: int8, uint8, int16, uint16) hold loads,
   `min`, `max` and `select`s on comparisons of the same dtype (the integer max pools'
-  rows), and int32 lanes narrowed to int8/uint8 by a `cast` (each lane's low byte);
+  rows), and int32 lanes narrowed to them by a `cast` (each lane's low byte or word);
   arithmetic on them is refused (it would wrap in the lane's width);
-- every store is contiguous; a store into an int8/uint8 buffer stores the cast of an
-  int32 expression (each lane truncated to its low byte: the quantized kernels' outputs)
-  or a value of the buffer's own dtype;
+- every store is contiguous; a store into a byte or word buffer stores the cast of an
+  int32 expression (each lane truncated to its low byte or word: the quantized kernels'
+  outputs, bfloat16 values) or a value of the buffer's own dtype;
 - (independence) the buffers the loop writes are touched only contiguously, at element
   distances that keep different iterations apart (0, or at least the extent), and no
   other buffer of the loop may share their memory (stack buffers, constants and
@@ -83,8 +83,9 @@ INT_VECTOR_BINARY = frozenset({"add", "sub", "mul", "min", "max", "and", "or", "
 SHIFTS = frozenset({"shl", "shr"})
 # reinterpret / cast between these two only (both 32 bits wide)
 BIT_CAST_DTYPES = frozenset({"float32", "int32"})
-# a store into these narrows int32 lanes (a Cast at the top of the stored value)
-NARROW_STORE_DTYPES = frozenset({"int8", "uint8"})
+# a store into these narrows int32 lanes (a Cast at the top of the stored value; 16-bit
+# lanes: bfloat16 values, kiln.kernels.conv.nchwc_depthwise)
+NARROW_STORE_DTYPES = frozenset({"int8", "uint8", "int16", "uint16"})
 # byte and word lanes: loads, stores, min, max and selects (no arithmetic)
 SMALL_INT_DTYPES = frozenset({"int8", "uint8", "int16", "uint16"})
 SMALL_INT_BINARY = frozenset({"min", "max"})
@@ -94,7 +95,7 @@ WIDENED_DTYPES = frozenset({INT_VECTOR_DTYPE, "float32"})
 
 def vector_cast_fault(src: str, dst: str) -> str | None:
     """Why a `cast` of `src` lanes to `dst` has no vector form, or None: int32 to float32,
-    byte or word lanes widened to int32 or float32, int32 narrowed to int8/uint8."""
+    byte or word lanes widened to int32 or float32, int32 narrowed to bytes or words."""
     if (src, dst) == (INT_VECTOR_DTYPE, "float32") or (
             src in SMALL_INT_DTYPES and dst in WIDENED_DTYPES) or (
             src == INT_VECTOR_DTYPE and dst in NARROW_STORE_DTYPES):
@@ -103,7 +104,7 @@ def vector_cast_fault(src: str, dst: str) -> str | None:
 
 
 def narrowed(s: Store) -> PrimExpr | None:
-    """The int32 value a narrowing store `buffer[...] = Cast(int8/uint8, value)`
+    """The int32 value a narrowing store `buffer[...] = Cast(int8/uint8/int16/uint16, value)`
     truncates, or None for any other store."""
     v = s.value
     if (s.buffer.dtype in NARROW_STORE_DTYPES and isinstance(v, Cast)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from kiln.ir.tensor import Buffer, IfThenElse, PrimExpr, Stmt, Store, as_expr, seq
+from kiln.ir.tensor import Allocate, Buffer, IfThenElse, PrimExpr, Stmt, Store, as_expr, seq
 from kiln.kernels.epilogue import FusedStore, fused_store
 from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.tiles import Epilogue, lanes_loop
@@ -86,10 +86,13 @@ def word_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimExpr
         at = ((n, pair, oh * width + ow) if out.ndim == 4
               else (n, pair, oh + top, ow + left))
         if half:  # lanes `v` and `v + lanes` of block `pair`
-            lo, hi = _c(sub * block), _c(sub * block + lanes)
-            st: Stmt = lanes_loop("v", lanes, lambda v: Store(out, bf16_word(
-                epilogue(stage[_c(r), lo + v], (n, pair, oh, ow, v)),
-                epilogue(stage[_c(r), hi + v], (n, pair, oh, ow, v + lanes))), (*at, v)))
+            # the epilogue on the whole block's vector first (on each half: twice the
+            # operations), then its halves paired
+            first, done = _c(sub * block), Buffer("done", (block,), "float32", "local")
+            st: Stmt = seq(Allocate(done), lanes_loop("v", block, lambda v: Store(
+                done, epilogue(stage[_c(r), first + v], (n, pair, oh, ow, v)), (v,))),
+                lanes_loop("v", lanes, lambda v: Store(out, bf16_word(
+                    done[v], done[v + lanes]), (*at, v))))
         else:
             lo, hi = (_c((2 * sub + k) * block) for k in (0, 1))
             st = lanes_loop("v", block, lambda v: Store(out, bf16_word(

@@ -22,7 +22,13 @@ into one word.
 Where the input is its producer's words (`words_input`: kiln.transform.bf16_depthwise_words,
 the large images' expansions), a tile storing words of pairs sums block `2p` from the
 low halves of the pair's words (shifted up) and block `2p + 1` from the high halves
-(masked): the producer writes, and the layer reads, half the bytes.
+(masked): the producer writes, and the layer reads, half the bytes. Words of half
+blocks in (`half_words` too: an odd count of blocks, MobileNetV2's 144 channels at 56x56)
+are read as `b` bfloat16 values of one position in their memory order (channel `v`,
+then `v + b/2`: one `vpmovzxwd` and a shift a vector), which the packed weight and bias
+follow (kiln.ops.conv_nchwc_depthwise `halves_order`); such a layer stores words of half
+blocks, which in that order are its `b` sums rounded to bfloat16 side by side (one
+conversion, no shuffle). Its epilogue must not depend on the channel (a ReLU6).
 """
 
 from __future__ import annotations
@@ -36,24 +42,29 @@ from kiln.ir.attrs import ATTR_CONV_KERNEL
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
+    Cast,
     Const,
+    DeclBuffer,
     IfThenElse,
+    Load,
     PrimExpr,
     PrimFunc,
     Stmt,
     Store,
+    Var,
     as_expr,
     reinterpret,
     select,
     seq,
 )
+from kiln.ir.visitor import iter_exprs
 from kiln.kernels.conv.bf16_words import words_output, zero_border
 from kiln.kernels.gemm.bf16 import bf16_word
 from kiln.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
 from kiln.kernels.tiles import const as _c
 from kiln.kernels.tiles import loop as _loop
 from kiln.ops import layout, te
-from kiln.ops.conv_bf16 import WORDS_INPUT, WordsSource
+from kiln.ops.conv_bf16 import HALF_WORDS, WORDS_INPUT, WordsSource
 from kiln.ops.conv_geometry import ConvShape, conv_shape
 from kiln.ops.conv_nchwc_depthwise import input_shape
 from kiln.ops.packed_attrs import recorded_tile
@@ -95,9 +106,10 @@ def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
     tail needs statements."""
     x, wp = args[0], args[1]
     bias = args[2] if len(args) > 2 else None
-    block = int(x.shape[-1])
-    words_in = bool(attrs.get(WORDS_INPUT))
-    shape = conv_geometry(input_shape(x, attrs), attrs, (int(wp.shape[1]), int(wp.shape[2])))
+    blocked = input_shape(x, attrs)
+    block = int(blocked[-1])
+    words_in, halves = bool(attrs.get(WORDS_INPUT)), bool(attrs.get(HALF_WORDS))
+    shape = conv_geometry(blocked, attrs, (int(wp.shape[1]), int(wp.shape[2])))
     out_shape = layout.block_shape((shape.n, shape.c_out, shape.out_h, shape.out_w), block)
     output = words_output(params, anchor, result, out_shape)
     # The consumers' words (kiln.transform.bf16_words) pair the channel blocks, or the
@@ -105,19 +117,36 @@ def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
     if output is None or (output.source is not None and int(out_shape[1]) % 2
                           and not output.source.half):
         return None
-    if words_in and (output.source is None or output.source.half):
-        return None  # words in: the tiles sum both blocks of a pair (their words out)
+    if words_in and (output.source is None or output.source.half != halves):
+        return None  # words of pairs in: the tiles sum both blocks of a pair (words out)
     store, out, words = output.store, output.out, output.source
+    if halves and (shape.c_in % block or not _lane_free(store.epilogue, len(out_shape))):
+        return None  # the lanes are in the words' order, not the channels'
     tile = recorded_tile(attrs, 1, "conv2d_nchwc_depthwise")
     tile_w = tile[0] if tile else choose_tile_width(shape, isa)
+    xb = store.buffers[x]
+    views: list[Stmt] = []
+    if halves:  # the words as `b` bfloat16 values per position, in and out
+        xb, outb = (Buffer(f"{buf.name}_halves", (*buf.shape[:-1], 2 * int(buf.shape[-1])),
+                           "uint16") for buf in (xb, out))
+        views = [DeclBuffer(xb, store.buffers[x], 0), DeclBuffer(outb, out, 0)]
     stmt = parallel_when(lambda: nest(
-        shape, block, store.buffers[x], store.buffers[wp],
-        None if bias is None else store.buffers[bias], out, tile_w, store.epilogue,
-        isa.fma, words, words_in),
+        shape, block, xb, store.buffers[wp],
+        None if bias is None else store.buffers[bias], outb if halves else out, tile_w,
+        store.epilogue, isa.fma, words, words_in),
         shape.n * shape.c_in * shape.out_h * shape.out_w * shape.kh * shape.kw, isa=isa)
     border = [] if words is None else zero_border(out, words.pads)
-    return PrimFunc((*(store.buffers[t] for t in params), out), seq(*border, stmt),
+    return PrimFunc((*(store.buffers[t] for t in params), out), seq(*border, *views, stmt),
                     {ATTR_CONV_KERNEL: "conv2d_nchwc_depthwise"})
+
+
+def _lane_free(epilogue: Epilogue, ndim: int) -> bool:
+    """Whether `epilogue`'s value does not depend on the output index (a ReLU6: no
+    per-channel operand, no load)."""
+    idx = tuple(Var(f"i{k}", "int64") for k in range(ndim))
+    probe = epilogue(Var("acc", "float32"), idx)
+    seen = {id(i) for i in idx}
+    return not any(isinstance(e, Load) or id(e) in seen for e in iter_exprs(probe))
 
 
 @dataclass(frozen=True)
@@ -164,7 +193,11 @@ class TileSums:
     def load(self, n: PrimExpr, cb: PrimExpr, ih: PrimExpr, iw: PrimExpr, v: PrimExpr,
              pair: tuple[PrimExpr, bool] | None) -> PrimExpr:
         """Input lane `v` of block `cb` at `(ih, iw)`; of words, the low or high
-        (`pair[1]`) half of word row `pair[0]`'s, as float32."""
+        (`pair[1]`) half of word row `pair[0]`'s, as float32; of words of half blocks
+        (`x` their bfloat16 values `[N][C/b][H * W][b]`), value `v` of block `cb`'s."""
+        if self.x.dtype == "uint16":
+            value = Cast("int32", self.x[n, cb, ih * self.shape.w + iw, v])
+            return reinterpret(value << Const(16, "int32"), "float32")
         if pair is None:
             return self.x[n, cb, ih, iw, v]
         word = self.x[n, pair[0], ih * self.shape.w + iw, v]
@@ -224,7 +257,9 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
     `[C/b][kh][kw][b]`, `bias` `[C/b * b]` or None, `out` `[N][C/b][OH][OW][b]`, or
     the words `words` describes (`[N][C/2b][rows][cols][b]` or `[N][C/2b][OH * OW][b]`:
     a tile then sums both blocks of a pair; of half blocks, `[N][C/b][...][b/2]`, one);
-    `words_in`: `x` is words of pairs `[N][C/2b][H * W][b]` (the words out of pairs)."""
+    `words_in`: `x` is words of pairs `[N][C/2b][H * W][b]` (the words out of pairs), or,
+    uint16, the bfloat16 values of words of half blocks `[N][C/b][H * W][b]` in their
+    memory order (`out` then the same of the words out)."""
     sw, dw, left = shape.stride[1], shape.dilation[1], shape.pads[1]
     blocks = -(-shape.c_in // block)
     dtype = w.dtype
@@ -262,6 +297,13 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
                     return Store(out, value(stage, idx, j), idx)
 
                 return lanes_loop("v", block, lane)
+
+            body = sums(n, cb, oh, ow0, kws, stage)
+        elif out.dtype == "uint16":  # the words' bfloat16 values: the sums' order
+            def put(j: PrimExpr) -> Stmt:
+                at = word_at(cb, ow0 + j)
+                return lanes_loop("v", block, lambda v: Store(out, Cast("uint16", bf16_word(
+                    *(value(stage, (n, cb, oh, ow0 + j, v), j),) * 2)), (*at, v)))
 
             body = sums(n, cb, oh, ow0, kws, stage)
         elif words.half:  # `cb` is a block: lanes `v` and `v + b / 2` into one word

@@ -17,8 +17,9 @@ from kiln.kernels.conv.bf16_words import words_output
 from kiln.kernels.pool import window as pk
 from kiln.kernels.pool.nchwc import pool_nchwc_body
 from kiln.ops import layout, te
+from kiln.ops.conv_bf16 import WORDS_INPUT
 from kiln.ops.pool import Window, scans_from_first
-from kiln.ops.pool_nchwc import merged_shape, split_attrs
+from kiln.ops.pool_nchwc import input_shape, merged_shape, split_attrs
 from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
@@ -86,6 +87,8 @@ class PoolNchwcLowering:
 
     def builds(self, call: g.Call) -> bool:
         x = call.args[0].type if call.args else None
+        if isinstance(x, TensorType) and call.attrs.get(WORDS_INPUT):
+            return x.ndim == 4 and x.dtype == "int32" and is_static(tuple(x.shape[1:]))
         return (isinstance(x, TensorType) and x.ndim == 5 and x.dtype == "float32"
                 and is_static(tuple(x.shape[1:])))
 
@@ -94,16 +97,19 @@ class PoolNchwcLowering:
                     name: str, isa: ISA) -> PrimFunc | None:
         """The vector kernel (see `kiln.kernels.lowering.Lowering.lower_fused`)."""
         x = args[0]
-        if x not in params or x.dtype != "float32" or len(x.shape) != 5 \
-                or not is_static(tuple(x.shape[1:])):
+        # float32 blocks, or (`words_input`) the words of pairs of them
+        dtype = "int32" if attrs.get(WORDS_INPUT) else "float32"
+        if x not in params or x.dtype != dtype or len(x.shape) != (
+                4 if attrs.get(WORDS_INPUT) else 5) or not is_static(tuple(x.shape[1:])):
             return None
         pool, rest = split_attrs(attrs)
-        geometry = window_geometry(merged_shape(x.shape), rest)
-        block = int(x.shape[4])
+        shape = input_shape(x, attrs)
+        geometry = window_geometry(merged_shape(shape), rest)
+        block = int(shape[4])
         pooled = layout.block_shape((*geometry.shape[:2], *geometry.out), block)
         # Stores the readers' words where they round it (kiln.transform.bf16_words).
         output = words_output(params, anchor, result, pooled)
-        if output is None or output.store.out.dtype != x.dtype:
+        if output is None or output.store.out.dtype != "float32":
             return None
         store, out, source = output.store, output.out, output.source
         maximum = pool == "max_pool2d"

@@ -22,6 +22,7 @@ from kiln.ir.tensor import (
     Allocate,
     AllocConst,
     Buffer,
+    Const,
     LetStmt,
     PrimExpr,
     Stmt,
@@ -30,6 +31,7 @@ from kiln.ir.tensor import (
     as_expr,
     max_,
     min_,
+    reinterpret,
     seq,
 )
 from kiln.kernels.conv.bf16_words import zero_border
@@ -62,6 +64,17 @@ def _taps(start: PrimExpr, k: int, dilation: int, size: int) -> tuple[PrimExpr, 
     return lo, hi
 
 
+def _load(x: Buffer, w: int, n: PrimExpr, k: int, c: PrimExpr, r: PrimExpr, q: PrimExpr,
+          v: PrimExpr) -> PrimExpr:
+    """Lane `v` of block `c` (its task's `k`-th) at `(r, q)` of the blocks `x`, or of
+    their words of pairs (int32 `x`, `w` columns: block `2p` the low halves)."""
+    if x.dtype != "int32":
+        return x[n, c, r, q, v]
+    word = x[n, c // 2, r * w + q, v]
+    return reinterpret(word & Const(-0x10000, "int32") if k else word << Const(16, "int32"),
+                       "float32")
+
+
 def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buffer,
                     out: Buffer, epilogue: Epilogue, scan: bool = False, *, isa: ISA,
                     words: WordsLayout | None = None) -> Stmt:
@@ -71,14 +84,17 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
     from each window's first element inside the input (kiln.ops.pool's
     `scans_from_first`: from -inf, a leading NaN kept). With `words` (the readers'
     `bf16_words` layout, kiln.transform.bf16_words) `out` is those words: a task takes a
-    pair of blocks, and lane `v` of both blocks' results is rounded into one word."""
+    pair of blocks, and lane `v` of both blocks' results is rounded into one word. An
+    int32 `x` is words of pairs of blocks `[N][C/2b][H * W][b]` (`_load`): a task then
+    takes a pair of blocks (kiln.transform.bf16_pool_words)."""
     # the batch may be symbolic: the outer loop's extent, the rest planned as pinned
     batch = x.shape[0] if not isinstance(x.shape[0], int) else int(x.shape[0])
-    blocks, h, w, block = (int(d) for d in x.shape[1:])
+    block, (h, w) = int(x.shape[-1]), geometry.shape[2:]
+    blocks = geometry.shape[1] // block
     (kh, kw), (sh, sw), (dh, dw) = geometry.kernel, geometry.strides, geometry.dilations
     top, left = geometry.begins
     out_h, out_w = geometry.out
-    dtype = x.dtype
+    dtype = "float32" if x.dtype == "int32" else x.dtype
     start: PrimExpr = as_expr(0.0, dtype) if kind != "max" else \
         te.lowest_value(dtype) if scan else max_floor(dtype)
     counts = Buffer("window_count", (out_h, out_w), "float32")
@@ -86,8 +102,8 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
     def fold(acc: PrimExpr, value: PrimExpr) -> PrimExpr:
         return window_max(acc, value) if kind == "max" else acc + value
 
-    # each task's channel blocks: one, or a pair of them when storing words
-    group = 1 if words is None else 2
+    # each task's channel blocks: one, or a pair of them when storing or reading words
+    group = 1 if words is None and x.dtype != "int32" else 2
 
     def row(n: PrimExpr, pair: PrimExpr, oh: PrimExpr) -> Stmt:
         r0 = Var("r0", INDEX_DTYPE)
@@ -103,8 +119,8 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
 
             def taps(i: PrimExpr) -> Stmt:
                 def lane(j: PrimExpr, v: PrimExpr) -> Stmt:
-                    return seq(*(Store(acc, fold(acc[v], x[
-                        n, channel(k), r0 + i * dh, q0 + j * dw, v]), (v,))
+                    return seq(*(Store(acc, fold(acc[v], _load(
+                        x, w, n, k, channel(k), r0 + i * dh, q0 + j * dw, v)), (v,))
                         for k, acc in enumerate(accs)))
 
                 def tap(j: PrimExpr) -> Stmt:
@@ -119,13 +135,15 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
                 idx = (n, c, oh, ow, v)
                 value = acc[v] if kind == "max" else acc[v] / counts[oh, ow]
                 if scan:  # the window's first tap: kh_lo, and its first column
-                    first = x[n, c, r0 + kh_lo * dh, q0 + (cols[0] if cols else 0) * dw, v]
+                    q = q0 + (cols[0] if cols else 0) * dw
+                    first = _load(x, w, n, k, c, r0 + kh_lo * dh, q, v)
                     value = nan_order.with_leading_nan(first, value)
                 return epilogue(value, idx)
 
             def store(v: PrimExpr) -> Stmt:
                 if words is None:
-                    return Store(out, result(0, v), (n, pair, oh, ow, v))
+                    return seq(*(Store(out, result(k, v), (n, channel(k), oh, ow, v))
+                                 for k in range(group)))
                 pads, flat = words
                 at = (n, pair, oh * out_w + ow) if flat else (n, pair, oh + pads[0],
                                                               ow + pads[1])
