@@ -103,10 +103,11 @@ def position_cap(vectors: int, positions: int) -> int:
     """The most positions of a float32 1x1 tile of `vectors` output-channel vectors on
     AVX-512 over `positions` output positions: ONE_VECTOR_POSITIONS for one vector below
     WIDE_TILE_POSITIONS, else POINTWISE_POSITIONS. One vector's 1 x 12 tile (25 of the
-    32 registers with its broadcasts) ran the 1-vector layers of Inception and
-    SqueezeNet (14x14 to 54x54, 96 to 512 input channels) 3-18% faster than 1 x 8, but
-    MobileNetV2's 32 > 16 at 112x112 13% slower, and 1 x 14 was slower on every layer
-    (9-17%); two vectors ran 1-3% slower on 2 x 9 and 2 x 10 than on 2 x 8."""
+    32 registers with its broadcasts; 1 x 11 on 196 positions) ran the 1-vector layers
+    of Inception and SqueezeNet (14x14 to 54x54, 96 to 512 input channels) 6-18%
+    faster than 1 x 8 or 1 x 7, but MobileNetV2's 32 > 16 at 112x112 13% slower, and
+    1 x 14 was slower on every layer (6-17%); two vectors ran 1-3% slower on 2 x 9 and
+    2 x 10 than on 2 x 8."""
     if vectors == 1 and positions < WIDE_TILE_POSITIONS:
         return ONE_VECTOR_POSITIONS
     return POINTWISE_POSITIONS
