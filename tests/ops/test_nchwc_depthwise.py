@@ -141,6 +141,9 @@ def test_pointwise_tiles_on_32_registers() -> None:
     assert pointwise_tile(96, 112 * 112, avx512) == (48, 7)
     assert pointwise_tile(40, 143, avx512) == (48, 6)  # 7 would compute 147 positions
     assert pointwise_tile(16, 112 * 112, avx512) == (16, 8)
+    # one vector below 112x112: up to 12 positions (196 in 18 tiles of 11)
+    assert pointwise_tile(16, 56 * 56, avx512) == (16, 12)
+    assert pointwise_tile(112, 196, avx512) == (16, 11)
     # `pointwise_body`'s layers: one tile of all the channels ends in half a vector where
     # they fill at most half of the last one
     assert pointwise_tile(24, 56 * 56, avx512, half=True) == (24, 8)

@@ -59,6 +59,9 @@ from kiln.target.isa import ISA
 #: The most output-channel vectors a 1x1 tile holds, and its most positions.
 POINTWISE_VECTORS = 4
 POINTWISE_POSITIONS = 8
+#: The most positions of a one-vector 1x1 tile over an image of fewer than
+#: WIDE_TILE_POSITIONS positions (docs/performance.md, round thirty-two).
+ONE_VECTOR_POSITIONS = 12
 
 
 def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False,
@@ -72,8 +75,8 @@ def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False,
     half of ends in half a vector instead (24 channels: 16 + 8, `half_vector`); with
     `even` an even count of vectors (a tile storing words of pairs of blocks,
     kiln.transform.bf16_depthwise_words; None where there is none); `tile_w`: the most
-    positions
-    (up to 8) whose accumulators fit the registers with the weight vectors and, but for
+    positions (`position_cap`: 8, 12 for one vector on an image below 112x112) whose
+    accumulators fit the registers with the weight vectors and, but for
     4 vectors, one broadcast per position (`pointwise_fits`), fewer where that wastes
     less than 2% of the last tile (as the blocked rule does)."""
     if tile_registers(isa) < 32 or tile_lanes(isa) < 16:
@@ -84,7 +87,7 @@ def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False,
     if not counts:
         return None
     v = min(counts, key=lambda v: -(-vecs // v) * v)
-    fit = [w for w in range(POINTWISE_POSITIONS, 3, -1) if pointwise_fits(v, w, isa)]
+    fit = [w for w in range(position_cap(v, positions), 3, -1) if pointwise_fits(v, w, isa)]
 
     def waste(w: int) -> int:
         return -(-positions // w) * w - positions
@@ -94,6 +97,20 @@ def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False,
     if half and v == vecs and half_vector(channels, lanes):
         return v * lanes - lanes // 2, tile_w
     return v * lanes, tile_w
+
+
+def position_cap(vectors: int, positions: int) -> int:
+    """The most positions of a float32 1x1 tile of `vectors` output-channel vectors on
+    AVX-512 over `positions` output positions: ONE_VECTOR_POSITIONS for one vector below
+    WIDE_TILE_POSITIONS, else POINTWISE_POSITIONS. One vector's 1 x 12 tile (25 of the
+    32 registers with its broadcasts; 1 x 11 on 196 positions) ran the 1-vector layers
+    of Inception and SqueezeNet (14x14 to 54x54, 96 to 512 input channels) 6-18%
+    faster than 1 x 8 or 1 x 7, but MobileNetV2's 32 > 16 at 112x112 13% slower, and
+    1 x 14 was slower on every layer (6-17%); two vectors ran 1-3% slower on 2 x 9 and
+    2 x 10 than on 2 x 8."""
+    if vectors == 1 and positions < WIDE_TILE_POSITIONS:
+        return ONE_VECTOR_POSITIONS
+    return POINTWISE_POSITIONS
 
 
 #: An AVX2 1x1 tile of three vectors of output channels: its positions, and the most
