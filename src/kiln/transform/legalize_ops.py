@@ -32,6 +32,7 @@ from kiln.kernels.lowering import legalize_call, lowering_for
 from kiln.kernels.specialisation import naming
 from kiln.ops import get_op
 from kiln.ops.te import with_dim_params
+from kiln.transform.fuse_ops import lone_call_key
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import Pass
 
@@ -107,8 +108,11 @@ class _State:
         return legalize(call)
 
     def add_kernel(self, call: g.Call) -> str:
-        key: Any = (call.op, tuple(call.attrs.items()), tuple(a.type for a in call.args),
-               call.ret_type)
+        # a kernel over run-time sizes is shared by calls of other sizes (fuse_ops' key)
+        key: Any = lone_call_key(call, self.isa) if self.ops is None else None
+        if key is None:
+            key = (call.op, tuple(call.attrs.items()), tuple(a.type for a in call.args),
+                   call.ret_type)
         try:
             hash(key)
         except TypeError:  # an unhashable attribute: do not share
