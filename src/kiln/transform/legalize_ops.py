@@ -6,7 +6,8 @@ the pass's op resolver finds (default `kiln.ops.get_op(name)`, the op's
 tensor-expression definition) has a `legalize(call) -> (PrimFunc, name_hint)` method.
 The PrimFunc is added to the module (marked private, so dead-code elimination may
 drop it) and called with `CallTensor`. Calls with the same op, attributes and
-argument types share one PrimFunc.
+argument types share one PrimFunc, as do calls whose kernel takes sizes of its
+arguments at run time under one key of kiln.transform.fuse_ops (`lone_call_key`).
 
 Every call that cannot be legalized is reported at once, with counts.
 """

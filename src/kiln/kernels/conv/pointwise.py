@@ -94,6 +94,10 @@ def pointwise_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     nest = _Pointwise(shape, x, wp, out, schedule, epilogue, tile_w, tiles, rest)
     blocks, cin, block = nest.blocks, shape.c_in, schedule.block
     kblock = schedule.kblock
+    if kblock is None and rest is not None and isinstance(shape.n, int) and shape.n == 1:
+        # one image: the channel tile is the flat index's quotient (no remainder by the
+        # run-time count of channel tiles, a division)
+        return parallel_tiles((blocks, tiles), lambda ob, t: _tile(nest, _c(0), ob, t))
     if kblock is None:
         return parallel_tiles((shape.n, blocks, tiles),
                               lambda n, ob, t: _tile(nest, n, ob, t))
