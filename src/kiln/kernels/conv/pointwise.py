@@ -10,21 +10,10 @@ from dataclasses import dataclass
 from typing import cast
 
 from kiln.errors import IRError
+from kiln.ir import tensor as tir
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.shape_expr import simplify_dim
-from kiln.ir.tensor import (
-    Allocate,
-    Buffer,
-    LetStmt,
-    PrimExpr,
-    Stmt,
-    Store,
-    Var,
-    as_expr,
-    min_,
-    select,
-    seq,
-)
+from kiln.ir.tensor import Allocate, Buffer, LetStmt, PrimExpr, Stmt, Store, Var, as_expr, min_, seq
 from kiln.kernels.conv.blocked import Tiling, blocked_tile_stores
 from kiln.kernels.conv.ksegments import (
     ConvKBlocking,
@@ -195,15 +184,15 @@ def _run_time_places(nest: _Pointwise, t: PrimExpr, rows: list[PrimExpr],
         if r:
             step = Var(f"wrap{r}", "bool")
             lets.append(LetStmt(step, (col + 1).eq(width)))
-            row, col = select(step, row + 1, row), select(step, 0, col + 1)
+            row, col = tir.select(step, row + 1, row), tir.select(step, 0, col + 1)
         rv, cv = Var(f"oh{r}", INDEX_DTYPE), Var(f"ow{r}", INDEX_DTYPE)
         lets += [LetStmt(rv, row), LetStmt(cv, col)]
         row, col = rv, cv
         if nest.overflow[r]:  # past the end: the last position's row and column
             inside = first + r <= last
             rv, cv = Var(f"oh{r}_in", INDEX_DTYPE), Var(f"ow{r}_in", INDEX_DTYPE)
-            lets += [LetStmt(rv, select(inside, row, last // width)),
-                     LetStmt(cv, select(inside, col, last % width))]
+            lets += [LetStmt(rv, tir.select(inside, row, last // width)),
+                     LetStmt(cv, tir.select(inside, col, last % width))]
         rows.append(rv)
         cols.append(cv)
     return lets
