@@ -22,7 +22,8 @@ of one output count and image size share a kernel whatever their input width.
 channel tiles (`TILES_NAME`, the packed weight's axis 1) and its image's height and
 width (`HEIGHT_NAME`, `IMAGE_WIDTH_NAME`, the input's axes 2 and 3) at run time too
 (`RunTimeTiles`): its output, the bias and every operand of its fused ops shaped like
-the output are then over those counts, and it reads and writes the image flat.
+the output are then over those counts (its tiles find their positions' rows and
+columns from their first one's, kiln.kernels.conv.pointwise).
 ResNet-50's 1x1 layers of one epilogue at 56x56, 28x28 and 14x14 (whose positions
 leave the same remainder in the last tile) share a kernel whatever their widths.
 """
