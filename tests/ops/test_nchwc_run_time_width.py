@@ -6,8 +6,11 @@ size, each through a 1x1 layer, then a padded stride-2 3x3 layer into 32 channel
 a 1x1 layer into 32 channels (with a residual Add written one way in one branch and the
 other way in the other): on AVX-512 each pair shares one kernel, called with its
 input's channel blocks. A third branch reads 24 channels (a block and a half: a kernel
-of its own at a static width). Batch 2; llvm and c, in this process and in fresh
-processes with 1 and 2 threads.
+of its own at a static width). Two more run chains of 1x1 layers of other widths and
+output channels at 10x10 and 16x16 (+ ReLU, + residual Add + ReLU, alone): each
+epilogue's layers share one kernel, called with their input's channel blocks, output
+channel tiles and image size; a fourth, at 8x8, has its own (another tile). Batch 2;
+llvm and c, in this process and in fresh processes with 1 and 2 threads.
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ from kiln.driver.compiler import lower_for_codegen
 from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_ARG_DIMS
 from kiln.ir.printer import print_func
-from kiln.kernels.conv.run_time_width import WIDTH_NAME
+from kiln.kernels.conv.run_time_width import (
+    HEIGHT_NAME,
+    IMAGE_WIDTH_NAME,
+    TILES_NAME,
+    WIDTH_NAME,
+)
 from kiln.target import Target
 from support.processes import outputs_in_fresh_process
 
@@ -59,16 +67,39 @@ def build_model() -> onnx.ModelProto:
         # the residual on either side of the Add: one kernel (kiln.transform.fuse_ops)
         nodes.append(helper.make_node("Add", [q, p] if name == "x" else [p, q], [f"{name}r0"]))
         relu(f"{name}r0", f"{name}r")
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, ci, 10, 10])
-              for n, ci in (("x", 16), ("y", 48), ("z", 24))]
+    # 1x1 layers of other output channels at other image sizes, each + ReLU, the third
+    # with the first one's output added (either way), then alone into the other width
+    # and + ReLU into 64: 64 > 128 > 128 > 128 > 64 > 64 at 10x10 and 128 > 64 > 64 > 64 >
+    # 128 > 64 at 16x16. Tiles of 64 channels x 6 positions leave 4 in the last one at
+    # both sizes: one kernel per epilogue. 64 > 64 at 8x8 (tiles of 5 positions) has its
+    # own, called three times.
+    for name, ci, co in (("u", 64, 128), ("v", 128, 64)):
+        a = relu(conv(name, f"{name}a0", ci, co, 1, 1, 0), f"{name}a")
+        b = relu(conv(a, f"{name}b0", co, co, 1, 1, 0), f"{name}b")
+        q = conv(b, f"{name}q0", co, co, 1, 1, 0)
+        nodes.append(helper.make_node("Add", [q, a] if name == "u" else [a, q],
+                                      [f"{name}r0"]))
+        r = relu(f"{name}r0", f"{name}r")
+        relu(conv(conv(r, f"{name}s0", co, ci, 1, 1, 0), f"{name}t0", ci, 64, 1, 1, 0),
+             f"{name}t")
+    w = "w"
+    for k in range(3):
+        w = relu(conv(w, f"w{k}0", 64, 64, 1, 1, 0), f"w{k}")
+    sizes = (("x", 16, 10), ("y", 48, 10), ("z", 24, 10), ("u", 64, 10), ("v", 128, 16),
+             ("w", 64, 8))
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, ci, hw, hw])
+              for n, ci, hw in sizes]
     outputs = [helper.make_tensor_value_info(f"{n}{o}", TensorProto.FLOAT, None)
-               for n in "xyz" for o in "sr"]
+               for n, o in (*((n, o) for n in "xyz" for o in "sr"), ("u", "t"), ("v", "t"),
+                            ("w", "2"))]
     return kernel_checks.branches_model("widths", nodes, inputs, outputs, inits)
 
 
 MODEL = build_model()
-CASES = [f"{n} {o}" for n in ("16 channels", "48 channels", "24 channels")
-         for o in ("3x3 stride 2", "1x1 + residual")]
+CASES = [*(f"{n} {o}" for n in ("16 channels", "48 channels", "24 channels")
+           for o in ("3x3 stride 2", "1x1 + residual")),
+         "64 > 128 > 128 > 128 > 64 > 64 at 10x10", "128 > 64 > 64 > 64 > 128 > 64 at 16x16",
+         "64 > 64 > 64 > 64 at 8x8"]
 CHECKS = kernel_checks.KernelCases(MODEL, CASES, TOL, RNG)
 FEEDS, assert_close = CHECKS.feeds, CHECKS.assert_close
 native, reference = CHECKS.native_fixture(), CHECKS.reference_fixture()
@@ -89,15 +120,31 @@ def test_layers_of_whole_blocks_share_a_kernel() -> None:
     lowered = lower_for_codegen(from_onnx(MODEL), Target("llvm -mcpu=znver4"))
     kernels = {name: f for name, f in lowered.functions.items()
                if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc"}
-    wide = {name: f for name, f in kernels.items() if f.attrs.get(ATTR_ARG_DIMS)}
-    for f in wide.values():
-        assert f.attrs[ATTR_ARG_DIMS] == ((WIDTH_NAME, 0, 1),)
-        x, w = f.buffer_params[:2]
-        assert x.shape[1].name == WIDTH_NAME and WIDTH_NAME in str(w.shape[2])
-    # over a run-time width: the first 1x1 layer of the 16 and of the 48 channel branch
-    # (16 and 48 outputs: one each), and, shared by the two, the 3x3 layer, the 1x1 +
-    # ReLU and the 1x1 + Add + ReLU; the 24 channel branch's four at their width
-    assert (len(wide), len(kernels) - len(wide)) == (5, 4)
     main = print_func(lowered["main"])
-    calls = {name: main.count(f'"{name}"') for name in wide}
-    assert sorted(calls.values()) == [1, 1, 2, 2, 2], calls
+    calls = {name: main.count(f'"{name}"') for name in kernels}
+    dims = {name: tuple(d[0] for d in f.attrs.get(ATTR_ARG_DIMS, ()))
+            for name, f in kernels.items()}
+    tiled = (WIDTH_NAME, TILES_NAME, HEIGHT_NAME, IMAGE_WIDTH_NAME)
+    for name, f in kernels.items():
+        x, w = f.buffer_params[:2]
+        if dims[name] == (WIDTH_NAME,):
+            assert f.attrs[ATTR_ARG_DIMS] == ((WIDTH_NAME, 0, 1),)
+            assert x.shape[1].name == WIDTH_NAME and WIDTH_NAME in str(w.shape[2])
+        elif dims[name]:
+            assert f.attrs[ATTR_ARG_DIMS] == ((WIDTH_NAME, 0, 1), (TILES_NAME, 1, 1),
+                                              (HEIGHT_NAME, 0, 2), (IMAGE_WIDTH_NAME, 0, 3))
+            out = f.buffer_params[-1]
+            assert [d.name for d in x.shape[1:4]] == [WIDTH_NAME, HEIGHT_NAME, IMAGE_WIDTH_NAME]
+            assert w.shape[1].name == TILES_NAME and TILES_NAME in str(out.shape[1])
+            assert [d.name for d in out.shape[2:4]] == [HEIGHT_NAME, IMAGE_WIDTH_NAME]
+    # over a run-time width alone: the 3x3 stride-2 layer, shared by the 16 and the 48
+    # channel branch
+    assert sorted(calls[n] for n in kernels if dims[n] == (WIDTH_NAME,)) == [2]
+    # over run-time output channel tiles and image size too: the first 1x1 layer of the
+    # 16 and of the 48 channel branch (tiles of 16 and 48 channels: one each); shared by
+    # the two, the 1x1 + ReLU and the 1x1 + Add + ReLU into 32; shared by the 10x10 and
+    # the 16x16 branch (other widths, output channels and image sizes), the six 1x1 +
+    # ReLU, the two 1x1 + Add + ReLU and the two 1x1 alone; the 8x8 branch's three
+    assert sorted(calls[n] for n in kernels if dims[n] == tiled) == [1, 1, 2, 2, 2, 2, 3, 6]
+    # the 24 channel branch's four at their width
+    assert sorted(calls[n] for n in kernels if not dims[n]) == [1, 1, 1, 1]

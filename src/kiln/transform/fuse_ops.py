@@ -50,6 +50,7 @@ from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
 from kiln.kernels import specialisation
+from kiln.kernels.conv.run_time_width import TilesKey
 from kiln.kernels.lowering import lowering_for
 from kiln.ops import get_op, te
 from kiln.target.isa import ISA
@@ -252,7 +253,10 @@ def _operand_key(group: list[g.Binding], externals: list[g.Expr], ext_index: dic
     kernel that takes its input channel count at run time (its lowering's `width_key`,
     kiln.kernels.conv.run_time_width), the types with its input's and weight's left
     out, and that key, so that layers of every width share it. Not where the group reads
-    either of them elsewhere (those reads would be of the static width)."""
+    either of them elsewhere (those reads would be of the static width). Where the key
+    is a `TilesKey` (the output channel tiles and image size at run time too), the
+    bias (the anchor's third argument) and the operands shaped like the output are
+    keyed by their dtype alone as well (`TilesKey.takes`)."""
     types: list[Any] = [e.type for e in externals]
     anchor = group[_anchor(group)].value
     assert isinstance(anchor, g.Call)
@@ -268,7 +272,35 @@ def _operand_key(group: list[g.Binding], externals: list[g.Expr], ext_index: dic
         return tuple(types), None
     for k, a in enumerate(operands):
         types[ext_index[id(a)]] = ("run-time width", k)
+    if isinstance(key, TilesKey):  # the output channel tiles and image size at run time
+        bias = anchor.args[2] if len(anchor.args) > 2 else None
+        for e in externals:
+            i = ext_index[id(e)]
+            t = types[i]
+            if isinstance(t, TensorType) and key.takes(t.shape, e is bias):
+                types[i] = ("run-time size", t.dtype)
     return tuple(types), key
+
+
+def lone_call_key(call: g.Call, isa: ISA) -> Any:
+    """The key under which the kernel of `call`, alone, is shared with other such calls
+    (kiln.transform.legalize_ops), where its lowering builds it over run-time sizes
+    (`_operand_key` of a group of one: ResNet-50's four 1x1 layers with a bias alone
+    share one kernel); None: keyed by its types."""
+    externals: list[g.Expr] = []
+    ext_index: dict[int, int] = {}
+    for a in call.args:
+        if id(a) not in ext_index:
+            ext_index[id(a)] = len(externals)
+            externals.append(a)
+    group = [g.Binding(g.Var("lone", call.ret_type), call)]
+    types, width = _operand_key(group, externals, ext_index, isa)
+    if width is None:
+        return None
+    unkeyed = getattr(lowering_for(call.op), "width_attrs", ())
+    attrs = tuple(kv for kv in call.attrs.items() if kv[0] not in unkeyed)
+    return "run-time sizes", call.op, attrs, tuple(ext_index[id(a)] for a in call.args), \
+        types, width
 
 
 def _anchor(group: list[g.Binding]) -> int:

@@ -6,7 +6,8 @@ the pass's op resolver finds (default `kiln.ops.get_op(name)`, the op's
 tensor-expression definition) has a `legalize(call) -> (PrimFunc, name_hint)` method.
 The PrimFunc is added to the module (marked private, so dead-code elimination may
 drop it) and called with `CallTensor`. Calls with the same op, attributes and
-argument types share one PrimFunc.
+argument types share one PrimFunc, as do calls whose kernel takes sizes of its
+arguments at run time under one key of kiln.transform.fuse_ops (`lone_call_key`).
 
 Every call that cannot be legalized is reported at once, with counts.
 """
@@ -32,6 +33,7 @@ from kiln.kernels.lowering import legalize_call, lowering_for
 from kiln.kernels.specialisation import naming
 from kiln.ops import get_op
 from kiln.ops.te import with_dim_params
+from kiln.transform.fuse_ops import lone_call_key
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import Pass
 
@@ -107,8 +109,11 @@ class _State:
         return legalize(call)
 
     def add_kernel(self, call: g.Call) -> str:
-        key: Any = (call.op, tuple(call.attrs.items()), tuple(a.type for a in call.args),
-               call.ret_type)
+        # a kernel over run-time sizes is shared by calls of other sizes (fuse_ops' key)
+        key: Any = lone_call_key(call, self.isa) if self.ops is None else None
+        if key is None:
+            key = (call.op, tuple(call.attrs.items()), tuple(a.type for a in call.args),
+                   call.ret_type)
         try:
             hash(key)
         except TypeError:  # an unhashable attribute: do not share

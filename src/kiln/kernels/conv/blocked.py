@@ -142,8 +142,8 @@ def pack_blocked_origin(source: wo.Origin | None, shape: Sequence[int], groups: 
 
 def blocked_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimExpr,
                         ob: PrimExpr, rows: list[PrimExpr], cols: list[PrimExpr],
-                        real: list[PrimExpr | None], block: int, channels: int,
-                        blocks: int, out_blocks: int) -> list[Stmt]:
+                        real: list[PrimExpr | None], block: int, channels: int | PrimExpr,
+                        blocks: int | PrimExpr, out_blocks: int | PrimExpr) -> list[Stmt]:
     """The stores of a tile of `len(rows)` positions x `cb` output channels (channel tile
     `ob` of `blocks`; `cb` the staged accumulators' width), staged in `stage`, into the
     NCHW{block}c `out` (`out_blocks` blocks) through `epilogue`: one contiguous vector of
@@ -158,11 +158,17 @@ def blocked_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimE
     of constant lanes. (One loop selecting zero for a lane past `channels`, its bias read
     at a clamped channel, had no vector form: LLVM vectorized it with SLP, which the
     convolution kernels leave off, kiln.ir.attrs.ATTR_NO_SLP, so it ran a lane at a time:
-    EfficientNet-B0's and MobileNetV2's 24-channel layers.)"""
+    EfficientNet-B0's and MobileNetV2's 24-channel layers.)
+
+    `channels`, `blocks` and `out_blocks` may be run-time counts where the channels are
+    whole tiles of whole blocks (kiln.kernels.conv.run_time_width.RunTimeTiles): no
+    padding lane, no sub-block past the output."""
     cb = int(stage.shape[1])
     subs = cb // block
     last = out_blocks - 1            # the last block, partial when `rest`
-    rest = channels - last * block if channels % block else 0
+    rest = 0
+    if isinstance(channels, int) and isinstance(last, int) and channels % block:
+        rest = channels - last * block
     last_sub = last - (blocks - 1) * subs  # its sub-block in the last channel tile
     zero = as_expr(0.0, stage.dtype)
     stores: list[Stmt] = []
@@ -184,7 +190,8 @@ def blocked_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimE
                 partial = seq(lanes_loop("v", rest, lane), lanes_loop("v", block - rest,
                                                                       padding))
                 st = partial if blocks == 1 else IfThenElse(ob.eq(blocks - 1), partial, st)
-            if blocks * cb > out_blocks * block:
+            if isinstance(blocks, int) and isinstance(out_blocks, int) \
+                    and blocks * cb > out_blocks * block:
                 st = IfThenElse(obk < out_blocks, st)
             cond = real[r]
             if cond is not None:

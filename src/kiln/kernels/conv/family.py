@@ -15,7 +15,7 @@ from kiln.ir import graph as g
 from kiln.ir import weight_origin as wo
 from kiln.ir.attrs import ATTR_ARG_DIMS, ATTR_CONV_KERNEL, ATTR_NO_SLP
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt
-from kiln.kernels.conv.run_time_width import X_AXIS, RunTimeWidth
+from kiln.kernels.conv.run_time_width import RunTimeWidth
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.registry import Family
 from kiln.kernels.tiles import Epilogue
@@ -95,14 +95,17 @@ def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mappi
     if no_slp:
         fattrs[ATTR_NO_SLP] = True
     buffers = [store.buffers[t] for t in params]
+    out = store.out
     if isinstance(built, RunTimeWidth):
-        built, wide = built.build(store.buffers[x], store.buffers[w])
-        if wide is not None:  # the input and weight over the run-time width
-            xs = next(i for i, b in enumerate(buffers) if b is store.buffers[x])
-            ws = next(i for i, b in enumerate(buffers) if b is store.buffers[w])
-            buffers[xs], buffers[ws] = wide.x, wide.w
-            fattrs[ATTR_ARG_DIMS] = ((wide.width.name, xs, X_AXIS),)
-    return PrimFunc((*buffers, store.out), built, fattrs)
+        built, wide = built.build(store.buffers[x], store.buffers[w], (*buffers, out),
+                                  store.buffers.get(bias) if bias is not None else None)
+        if wide is not None:  # the buffers over the run-time sizes
+            index = {id(b): i for i, b in enumerate(buffers)}
+            fattrs[ATTR_ARG_DIMS] = tuple((name, index[id(b)], axis)
+                                          for name, b, axis in wide.dims)
+            buffers = [wide.buffers.get(b, b) for b in buffers]
+            out = wide.buffers.get(out, out)
+    return PrimFunc((*buffers, out), built, fattrs)
 
 
 def blocked_bias(epilogue: Epilogue, bias: Buffer, block: int) -> Epilogue:

@@ -29,6 +29,10 @@ class FamilyLowering:
 
     op: str
     weights: tuple[str, ...] = ("float32",)
+    #: What the group key of a kernel over run-time sizes leaves to `width_key`
+    #: (kiln.transform.fuse_ops): the NCHW{b}c call's output channel count, which its
+    #: key holds unless the kernel takes it at run time.
+    width_attrs: tuple[str, ...] = ()
     supports_symbolic = True
     fuses_producers = False
 
@@ -55,7 +59,7 @@ class FamilyLowering:
 BLOCKED = FamilyLowering(cd.BLOCKED)
 DEPTHWISE = FamilyLowering(cd.DEPTHWISE)
 ROWS = FamilyLowering(cd.ROWS)
-NCHWC = FamilyLowering(cd.NCHWC)
+NCHWC = FamilyLowering(cd.NCHWC, width_attrs=("channels",))
 GEMM = FamilyLowering(cd.GEMM)
 GROUP_GEMM = FamilyLowering(cd.GROUP_GEMM)
 WINOGRAD = FamilyLowering(wg.WINOGRAD)

@@ -41,7 +41,7 @@ from kiln.kernels.conv.direct import (
 from kiln.kernels.conv.family import build_conv
 from kiln.kernels.conv.ksegments import ConvKBlocking
 from kiln.kernels.conv.pointwise import PointwiseSchedule, pointwise_body
-from kiln.kernels.conv.run_time_width import RunTimeWidth
+from kiln.kernels.conv.run_time_width import RunTimeTiles, RunTimeWidth, TilesKey
 from kiln.kernels.registry import fits_registers
 from kiln.kernels.tiles import Epilogue, tile_lanes, tile_registers
 from kiln.ops import spatial
@@ -285,7 +285,16 @@ class NchwcConv(DirectConv):
                     return pointwise_body(shape, x, w, out, schedule, epilogue)
 
                 if pointwise_run_time_width(shape, schedule):
-                    return RunTimeWidth(shape, nest, block)
+                    tiles = None
+                    if pointwise_run_time_tiles(shape, schedule):
+                        rest = shape.out_h * shape.out_w % schedule.tiling.tile_w
+
+                        def tiled(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
+                                  epilogue: Epilogue) -> Stmt:
+                            return pointwise_body(shape, x, w, out, schedule, epilogue, rest)
+
+                        tiles = RunTimeTiles(schedule.tiling.cb, out, epilogue, tiled)
+                    return RunTimeWidth(shape, nest, block, tiles)
                 return nest(shape, x, w)
             return blocked(shape, x, w, out, t, epilogue, fused, block)
 
@@ -300,7 +309,10 @@ class NchwcConv(DirectConv):
         out, and the schedule (the weight prefetch, chosen by the weight's size,
         included); None: a kernel of its own. Calls with the same key, fused ops and
         other operands share one kernel (kiln.transform.fuse_ops). A tuned call keeps
-        its own, as does one whose tile ends in half a block."""
+        its own, as does one whose tile ends in half a block. A `TilesKey` where the
+        kernel takes its output channel tiles and image size at run time too
+        (`pointwise_run_time_tiles`): the geometry without them, the schedule and the
+        positions of the last tile."""
         if call.op != self.op or any(k in call.attrs for k in TUNED_ATTRS):
             return None
         types = [a.type for a in call.args]
@@ -316,6 +328,12 @@ class NchwcConv(DirectConv):
         tile = recorded_tile(call.attrs, 2, self.op) or ()
         if pointwise_body_isa(isa) and tile and takes_pointwise(shape, block):
             pointwise = pointwise_schedule(shape, cb, tile, block, isa)
+            out = call.ret_type
+            if pointwise_run_time_tiles(shape, pointwise) and isinstance(out, TensorType):
+                rest = shape.out_h * shape.out_w % pointwise.tiling.tile_w
+                key = "pointwise tiles", replace(shape, c_in=0, c_out=0, h=0, w=0), \
+                    pointwise, rest
+                return TilesKey(key, tuple(out.shape), shape.c_out)
             if pointwise_run_time_width(shape, pointwise):
                 return "pointwise", replace(shape, c_in=0), pointwise
             return None
@@ -335,6 +353,18 @@ def pointwise_schedule(shape: ConvShape, cb: int, tile: tuple[int, ...], block: 
     kblock = pointwise_k_blocking(shape, Tiling(cb, tile_w), isa, block)
     return PointwiseSchedule(Tiling(cb, tile_w), isa.fma, block, kblock, unrolled,
                              by_position=unrolled and cb >= 3 * block)
+
+
+def pointwise_run_time_tiles(shape: ConvShape, schedule: PointwiseSchedule) -> bool:
+    """Whether `pointwise_body` with `schedule` takes its output channel tiles and image
+    size at run time as well as its input's channel blocks
+    (kiln.kernels.conv.run_time_width.RunTimeTiles): where it takes the blocks
+    (`pointwise_run_time_width`), its output channels are whole tiles of whole blocks
+    and the image fills at least one tile. The tile and the positions of the last one
+    stay in the kernel's key, so the sums and the stores are the static kernel's."""
+    cb, block = schedule.tiling.cb, schedule.block
+    return (pointwise_run_time_width(shape, schedule) and cb % block == 0
+            and shape.c_out % cb == 0 and shape.out_h * shape.out_w >= schedule.tiling.tile_w)
 
 
 def pointwise_run_time_width(shape: ConvShape, schedule: PointwiseSchedule) -> bool:

@@ -7,9 +7,12 @@ so that no channel index is divided by the block in the sums; the NCHWc family
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from kiln.errors import IRError
+from kiln.ir import tensor as tir
 from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.shape_expr import simplify_dim
 from kiln.ir.tensor import Allocate, Buffer, LetStmt, PrimExpr, Stmt, Store, Var, as_expr, min_, seq
 from kiln.kernels.conv.blocked import Tiling, blocked_tile_stores
 from kiln.kernels.conv.ksegments import (
@@ -44,7 +47,8 @@ class PointwiseSchedule:
 
 
 def pointwise_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
-                   schedule: PointwiseSchedule, epilogue: Epilogue) -> Stmt:
+                   schedule: PointwiseSchedule, epilogue: Epilogue,
+                   rest: int | None = None) -> Stmt:
     """The loop nest of an unpadded 1x1 `conv2d_nchwc` (any stride): `x` and `out` are
     NCHW{block}c, `wp` the blocked kernel's packed weight `[1][co/cb][ci][1][1][cb]`.
 
@@ -61,17 +65,32 @@ def pointwise_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     With `kblock` (whole blocks of input channels per segment) a parallel task takes
     `kblock.band` consecutive tiles of one channel block and sums each segment over all
     of them before the next, the partial sums in a buffer of the task's, as
-    `blocked_conv_body` does (whose NCHW{b}c reads divide the channel index)."""
+    `blocked_conv_body` does (whose NCHW{b}c reads divide the channel index).
+
+    With `rest` (a layer at stride 1 over whole tiles of output channels), the output
+    channel count and the image's height and width may be run-time values
+    (kiln.kernels.conv.run_time_width.RunTimeTiles); `rest` is then the positions of
+    the last tile (`h * w % tile_w`, 0 for a whole one), which says which of its slots
+    may be past the image's end as the static kernel's overflow does, and a tile finds
+    its slots' rows and columns from its first position's (`_run_time_places`)."""
     positions = shape.out_h * shape.out_w
-    tile_w = min(schedule.tiling.tile_w, positions)
-    tiles = -(-positions // tile_w)
-    nest = _Pointwise(shape, x, wp, out, schedule, epilogue, tile_w, tiles)
+    if rest is None:
+        tile_w = min(schedule.tiling.tile_w, positions)
+        tiles = -(-positions // tile_w)
+    else:  # the image fills at least one tile (kiln.kernels.conv.nchwc)
+        tile_w = schedule.tiling.tile_w
+        tiles = cast(int, simplify_dim(-(-positions // tile_w)))
+    nest = _Pointwise(shape, x, wp, out, schedule, epilogue, tile_w, tiles, rest)
     blocks, cin, block = nest.blocks, shape.c_in, schedule.block
     kblock = schedule.kblock
+    if kblock is None and rest is not None and isinstance(shape.n, int) and shape.n == 1:
+        # one image: the channel tile is the flat index's quotient (no remainder by the
+        # run-time count of channel tiles, a division)
+        return parallel_tiles((blocks, tiles), lambda ob, t: _tile(nest, _c(0), ob, t))
     if kblock is None:
         return parallel_tiles((shape.n, blocks, tiles),
                               lambda n, ob, t: _tile(nest, n, ob, t))
-    if cin % kblock.kc or kblock.kc % block:
+    if rest is not None or cin % kblock.kc or kblock.kc % block:
         raise IRError(f"NCHW{block}c pointwise kernel: {kblock.kc} channels per segment "
                       f"must be whole blocks dividing the {cin} input channels")
 
@@ -96,6 +115,7 @@ class _Pointwise:
     epilogue: Epilogue
     tile_w: int
     tiles: int
+    rest: int | None = None  # a run-time image: the last tile's positions (`pointwise_body`)
 
     @property
     def cb(self) -> int:
@@ -104,7 +124,10 @@ class _Pointwise:
     @property
     def blocks(self) -> int:
         """Channel tiles."""
-        return -(-self.shape.c_out // self.cb)
+        cout = self.shape.c_out
+        if isinstance(cout, int):
+            return -(-cout // self.cb)
+        return cast(int, simplify_dim(cout // self.cb))  # whole tiles at run time
 
     @property
     def positions(self) -> int:
@@ -113,6 +136,8 @@ class _Pointwise:
     @property
     def overflow(self) -> list[bool]:
         """Whether slot r of the last tile is past the image's end."""
+        if self.rest is not None:
+            return [0 < self.rest <= r for r in range(self.tile_w)]
         return [(self.tiles - 1) * self.tile_w + r >= self.positions
                 for r in range(self.tile_w)]
 
@@ -127,7 +152,9 @@ def _tile(nest: _Pointwise, n: PrimExpr, ob: PrimExpr, t: PrimExpr,
     rows: list[PrimExpr] = []
     cols: list[PrimExpr] = []
     overflow, ow_n = nest.overflow, nest.shape.out_w
-    for r in range(nest.tile_w):
+    if nest.rest is not None:
+        head += _run_time_places(nest, t, rows, cols)
+    for r in range(nest.tile_w if nest.rest is None else 0):
         pos: PrimExpr = t * nest.tile_w + r
         if overflow[r]:  # past the end: read the last position, store nothing
             pos = min_(pos, nest.positions - 1)
@@ -138,6 +165,37 @@ def _tile(nest: _Pointwise, n: PrimExpr, ob: PrimExpr, t: PrimExpr,
     red = _sums(nest, acc, n, ob, rows, cols, seg)
     finish = _stores(nest, acc, n, ob, t, rows, cols)
     return seq(*head, *red, finish if seg is None else segment_end(acc, seg, finish))
+
+
+def _run_time_places(nest: _Pointwise, t: PrimExpr, rows: list[PrimExpr],
+                     cols: list[PrimExpr]) -> list[Stmt]:
+    """The rows and columns of tile `t`'s slots over a run-time image width (appended to
+    `rows` and `cols`) and the statements binding them: the first slot's by one division,
+    each next one's column one further, wrapping to the next row at the width (a
+    division per slot would cost as much as a small tile's multiply-adds). A slot that
+    may be past the image's end (`overflow`) reads the last position, as the static
+    kernel's do."""
+    width, last = nest.shape.out_w, nest.positions - 1
+    first = Var("p0", INDEX_DTYPE)
+    lets: list[Stmt] = [LetStmt(first, t * nest.tile_w)]
+    row: PrimExpr = first // width
+    col: PrimExpr = first % width
+    for r in range(nest.tile_w):
+        if r:
+            step = Var(f"wrap{r}", "bool")
+            lets.append(LetStmt(step, (col + 1).eq(width)))
+            row, col = tir.select(step, row + 1, row), tir.select(step, 0, col + 1)
+        rv, cv = Var(f"oh{r}", INDEX_DTYPE), Var(f"ow{r}", INDEX_DTYPE)
+        lets += [LetStmt(rv, row), LetStmt(cv, col)]
+        row, col = rv, cv
+        if nest.overflow[r]:  # past the end: the last position's row and column
+            inside = first + r <= last
+            rv, cv = Var(f"oh{r}_in", INDEX_DTYPE), Var(f"ow{r}_in", INDEX_DTYPE)
+            lets += [LetStmt(rv, tir.select(inside, row, last // width)),
+                     LetStmt(cv, tir.select(inside, col, last % width))]
+        rows.append(rv)
+        cols.append(cv)
+    return lets
 
 
 def _sums(nest: _Pointwise, acc: Buffer, n: PrimExpr, ob: PrimExpr, rows: list[PrimExpr],
@@ -211,6 +269,7 @@ def _stores(nest: _Pointwise, acc: Buffer, n: PrimExpr, ob: PrimExpr, t: PrimExp
     overflow = nest.overflow
     real = [t * tile_w + r < nest.positions if overflow[r] else None for r in range(tile_w)]
     cout = nest.shape.c_out
+    out_blocks = -(-cout // block) if isinstance(cout, int) else simplify_dim(cout // block)
     stores = blocked_tile_stores(nest.out, stage, nest.epilogue, n, ob, rows, cols, real,
-                                 block, cout, nest.blocks, -(-cout // block))
+                                 block, cout, nest.blocks, out_blocks)
     return seq(Allocate(stage), copy, *stores)
