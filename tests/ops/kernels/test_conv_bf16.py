@@ -52,7 +52,7 @@ from kiln.frontend import from_onnx
 from kiln.ir import tensor as t
 from kiln.ir.attrs import ATTR_ARG_DIMS
 from kiln.ir.visitor import iter_exprs, iter_stmts
-from kiln.kernels.conv.bf16 import WORDS_NAME, bf16_tile
+from kiln.kernels.conv.bf16 import TWO_VECTOR_8_POSITIONS, WORDS_NAME, bf16_tile
 from kiln.kernels.conv.nchwc import pointwise_tile
 from kiln.kernels.conv.run_time_width import WIDTH_NAME
 from kiln.kernels.tiles import tile_lanes, tile_registers
@@ -311,6 +311,31 @@ def test_tiles_hold_enough_accumulators(c_out: int, hw: int, stride: int) -> Non
     assert cb1 == float_cb and (width1 == float_width or (
         float_cb // lanes * float_width < least
         and -(-positions // width1) <= -(-positions // float_width)))
+
+
+def test_two_vector_pointwise_tile_on_a_large_image() -> None:
+    """A 1x1 layer of two vectors of outputs keeps the float32 rule's 8 positions a tile
+    from `TWO_VECTOR_8_POSITIONS` on (`widened`: 10 below it); 40 > 24 channels over
+    51x53 positions (a partial last tile, a partial output block) with bias and ReLU
+    matches float32 onnxruntime."""
+    isa = isa_for(Target("llvm -mtriple=x86_64-linux-gnu -mcpu=znver5 -precision=bf16"))
+    lanes = tile_lanes(isa)
+    for hw, width in ((51, 8), (28, 10)):
+        shape = conv_shape((1, 40, hw, 53), 24, (1, 1), {})
+        assert (hw * 53 >= TWO_VECTOR_8_POSITIONS) == (width == 8)
+        assert bf16_tile(shape, isa) == (2 * lanes, width)
+    b = GraphBuilder()
+    x = b.input("x", (1, 40, 51, 53))
+    b.node("Relu", [b.op("Conv", x, b.const(_weight(24, 40, 1, 1)), b.const(_weight(24)))],
+           ["out"])
+    b.output("out", (1, 24, 51, 53))
+    model = b.model()
+    ex = kiln.compile(from_onnx(model), _bf16_host())
+    x = RNG.standard_normal((1, 40, 51, 53)).astype(np.float32)
+    (want,) = onnxruntime_outputs(model, {"x": x})
+    got = np.asarray(ex["main"](x))
+    assert got.shape == want.shape
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= TOL
 
 
 def test_sapphirerapids_build_only() -> None:

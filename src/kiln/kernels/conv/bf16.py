@@ -128,12 +128,20 @@ from kiln.ops.packed_attrs import TILE, recorded_tile
 from kiln.ops.registry import call as make_call
 from kiln.target.isa import ISA
 
+#: The output positions from which a two-vector 1x1 tile keeps 8 positions (the float32
+#: pointwise rule's) rather than `widened`'s 10: 2 x 8 ran 2.4-3.9% faster (one layer
+#: level) on the 54x54 and 56x56 layers of MobileNetV2, SqueezeNet and EfficientNet-B0;
+#: on 28x28 and smaller images faster on some layers and slower on others
+#: (docs/performance.md, round thirty-three).
+TWO_VECTOR_8_POSITIONS = 2500
+
 
 def bf16_tile(shape: ConvShape, isa: ISA) -> tuple[int, int]:
     """`(cb, tile_w)` of a layer: the float32 NCHWc kernel's rule (kiln.kernels.conv.nchwc:
     `pointwise_tile` for a 1x1 layer, `wide_tile` for a large image, else the blocked
     rule's two vectors x 6 positions), `widened` to the profile's
-    `bf16_min_accumulators` (a 1x1 layer's 1 x 8 and 2 x 8 tiles too), in whole vectors.
+    `bf16_min_accumulators` (a 1x1 layer's 1 x 8 tiles too, and its 2 x 8 ones on fewer than
+    `TWO_VECTOR_8_POSITIONS` positions), in whole vectors.
     The register budget is the float32 kernel's: a `vdpbf16ps` accumulator is a float32
     vector."""
     lanes, positions = tile_lanes(isa), shape.out_h * shape.out_w
@@ -151,11 +159,12 @@ def widened(shape: ConvShape, tile: tuple[int, int], isa: ISA) -> tuple[int, int
     (`pointwise_tile`'s choice), by the positions that reach the floor, at most those that
     fit the registers with a weight vector each and a broadcast per position (4 x 5,
     3 x 7, 2 x 10, 1 x 15 on 32 registers), then evened out over the tiles that takes
-    (16 positions: 2 tiles of 8, not 15 and 1). A layer that is not 1x1 and has more than
-    one vector of outputs takes two vectors or more, though they pad a vector: one
-    vector's tile loads a broadcast word per multiply-add, two halve that (GoogLeNet's
-    96 > 208 3x3 at 14x14, 13 vectors: 1 x 14 ran about 15% slower than 2 x 10; a 1x1
-    layer of 7 vectors ran level either way)."""
+    (16 positions: 2 tiles of 8, not 15 and 1); a 1x1 tile of two vectors over
+    `TWO_VECTOR_8_POSITIONS` and more keeps at most 8 positions. A layer that is not 1x1
+    and has more than one vector of outputs takes two vectors or more, though they pad a
+    vector: one vector's tile loads a broadcast word per multiply-add, two halve that
+    (GoogLeNet's 96 > 208 3x3 at 14x14, 13 vectors: 1 x 14 ran about 15% slower than
+    2 x 10; a 1x1 layer of 7 vectors ran level either way)."""
     lanes, registers = tile_lanes(isa), tile_registers(isa)
     least = isa.profile.bf16_min_accumulators
     if tile[0] // lanes * tile[1] >= least:
@@ -166,6 +175,8 @@ def widened(shape: ConvShape, tile: tuple[int, int], isa: ISA) -> tuple[int, int
             key=lambda v: -(-vecs // v) * v)
     positions = shape.out_h * shape.out_w
     width = min(-(-least // v), (registers - v) // (v + 1))
+    if (shape.kh, shape.kw) == (1, 1) and v == 2 and positions >= TWO_VECTOR_8_POSITIONS:
+        width = min(width, 8)  # docs/performance.md, round thirty-three
     return v * lanes, -(-positions // -(-positions // width))
 
 
