@@ -57,7 +57,7 @@ _HASH_CHARS = 16
 
 def html_text(text: object) -> str:
     """`text` for HTML element content or a double-quoted attribute: `& < > " '` escaped."""
-    import html  # here: its entity table costs 5 ms of every start, pages are rare
+    import html  # lazy: its entity table costs 5 ms of every start, pages are rare
 
     return html.escape(str(text), quote=True)
 

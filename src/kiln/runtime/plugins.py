@@ -24,9 +24,9 @@ def load_backends(*, force: bool = False) -> dict[str, str | None]:
     if _SCANNED and not force:
         return dict(_BACKENDS)
     _SCANNED = True
-    # imported here: importlib.metadata (with email, socket, ...) costs 8 ms of every
-    # start, and the scan runs only for a target kind or loader nobody registered
-    import importlib.metadata
+    # importlib.metadata (with email, socket, ...) costs 8 ms of every start, and the
+    # scan runs only for a target kind or loader nobody registered
+    import importlib.metadata  # lazy: see above
 
     for ep in importlib.metadata.entry_points(group=BACKENDS_GROUP):
         if ep.name in _BACKENDS and not force:
