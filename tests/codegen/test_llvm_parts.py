@@ -171,6 +171,34 @@ def test_the_kernel_cache_gives_the_bytes_of_a_fresh_compile(
     assert _kernels_o(seed=5) == fresh
 
 
+def _pool_model(tail: str) -> onnx.ModelProto:
+    """A 3x3 stride-2 max pool (a kernel run on the thread pool), then `tail` (a
+    Softmax of the last axis: not fused into the pool); two kernel calls."""
+    b = GraphBuilder()
+    b.node("MaxPool", ["x"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    b.node(tail, ["p"], ["y"], axis=-1)
+    b.input("x", [1, 64, 56, 56])
+    b.output("y", [1, 64, 28, 28])
+    return b.model(name="pool")
+
+
+def test_a_small_model_shares_its_parallel_kernels(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph function of few calls inlines its kernels, but not one that runs its
+    loops on the thread pool: that one is a part of its own, keyed before lowering, and
+    another model with the same kernel finds it (a small ResNet's stem max pool in a
+    large one's build)."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    kiln.compile(from_onnx(_pool_model("Softmax")), kiln.Target.from_host())
+    stats = dict(kernel_cache.STATS)
+    other = kiln.compile(from_onnx(_pool_model("LogSoftmax")), kiln.Target.from_host())
+    assert kernel_cache.STATS["index_hits"] - stats["index_hits"] == 1
+    assert kernel_cache.STATS["hits"] - stats["hits"] == 1
+    x = np.random.default_rng(0).standard_normal((1, 64, 56, 56)).astype(np.float32)
+    (expected,) = onnxruntime_outputs(_pool_model("LogSoftmax"), {"x": x})
+    np.testing.assert_allclose(other["main"](x), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_a_malformed_index_entry_is_refused(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """An index entry whose checksum holds but whose text is not a current entry is a

@@ -290,6 +290,8 @@ class _ModuleLowering:
         self.size_t = ir.IntType(options.pointer_bits)
         self.kernels: dict[str, ir.Function] = {}
         self.funcs = mod.prim_funcs()
+        # kernels that hand loops to the thread pool: never inlined (`never_inlined`)
+        self.dispatchers = {str(self.funcs[b].attrs.get(ATTR_PARALLEL_OF)) for b in self.bodies}
         self.externs: dict[str, Any] = {}
         self._consts: ir.GlobalVariable | None = None
         self._table: ir.GlobalVariable | None = None
@@ -323,7 +325,7 @@ class _ModuleLowering:
         out, seen = [], set()
         ctx = (repr(self.options), *context)
         for names in standalone_groups(self.funcs, self.public, _inlines_calls,
-                                       self.keeps_slp_off):
+                                       self.never_inlined):
             if any(self.funcs[n].attrs.get(ATTR_EXTERNAL) for n in names):
                 continue
             key = group_key(names, self.funcs, facts, self.pool, ctx)
@@ -357,8 +359,7 @@ class _ModuleLowering:
         irfn.attributes.add("nounwind")
         if self.keeps_slp_off(name):
             irfn.attributes.add("noimplicitfloat")
-            # inlined, it would pass the attribute on to its caller (LLVM's inliner ORs
-            # it in): the graph function and every kernel inlined there would lose SLP
+        if self.never_inlined(name):
             irfn.attributes.add("noinline")
         if self.options.sext_int32:
             irfn.return_value.add_attribute("signext")
@@ -374,6 +375,17 @@ class _ModuleLowering:
             if isinstance(p, Buffer) and index in noalias:
                 arg.add_attribute("noalias")
         return irfn
+
+    def never_inlined(self, name: str) -> bool:
+        """Whether kernel `name` is `noinline`. Under `keeps_slp_off`: inlined, it would
+        pass `noimplicitfloat` on to its caller (LLVM's inliner ORs it in), and the graph
+        function and every kernel inlined there would lose SLP. A kernel that hands its
+        loops to the thread pool: inlined, it would save one call per run of a kernel
+        whose work is in its outlined loop bodies, and it would be compiled in the graph
+        function's part, model by model; not inlined, it is a part of its own that the
+        kernel cache shares with every model of the same kernel (a small model's stem
+        max pool with a large one's: docs/performance.md, round twenty-four)."""
+        return self.keeps_slp_off(name) or name in self.dispatchers
 
     def keeps_slp_off(self, name: str) -> bool:
         """Whether kernel `name` (or the kernel an outlined loop body `name` came from)

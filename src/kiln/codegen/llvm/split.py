@@ -5,10 +5,10 @@ trampolines, internal helpers), as LLVM IR text that parses on its own: the
 globals it names, declarations of the other functions it calls and the metadata
 it refers to. Two kernels land in one part when LLVM could see one from the
 other while optimising: a call that may be inlined (a graph function with at
-most `MAX_INLINED_CALL_SITES` calls inlines its kernels), an internal function
-both use. `alwaysinline` private helpers (the float16 conversions) are copied
-into each part that uses them: they are inlined wherever they are called, so a
-copy changes no code.
+most `MAX_INLINED_CALL_SITES` calls inlines its kernels but the `noinline` ones),
+an internal function both use. `alwaysinline` private helpers (the float16
+conversions) are copied into each part that uses them: they are inlined wherever
+they are called, so a copy changes no code.
 
 The whole module's optimiser also tells a caller what it inferred of its callees
 (`memory(argmem: read)`, `nocapture`...): the graph function's part is compiled
