@@ -588,16 +588,22 @@ def post_order_visit(node: t.Stmt | t.PrimExpr | t.PrimFunc,
 
 
 class _Substitute(StmtExprMutator):
-    def __init__(self, vmap: Mapping[t.Var, t.PrimExpr]) -> None:
-        self.vmap = vmap
+    def __init__(self, vmap: Mapping[t.Var, t.PrimExpr],
+                 buffers: Mapping[t.Buffer, t.Buffer]) -> None:
+        self.vmap, self.buffers = vmap, buffers
 
     def visit_var(self, e: t.Var) -> t.PrimExpr:
         return self.vmap.get(e, e)
 
+    def visit_buffer(self, b: t.Buffer) -> t.Buffer:
+        return self.buffers.get(b, b)
 
-def substitute(node: _N, vmap: Mapping[t.Var, t.PrimExpr]) -> _N:
-    """Replace uses of variables (by identity) in a statement, expression or PrimFunc."""
-    m = _Substitute(vmap)
+
+def substitute(node: _N, vmap: Mapping[t.Var, t.PrimExpr],
+               buffers: Mapping[t.Buffer, t.Buffer] | None = None) -> _N:
+    """Replace uses of variables, and of `buffers` where given (both by identity), in a
+    statement, expression or PrimFunc."""
+    m = _Substitute(vmap, buffers or {})
     out: Any
     if isinstance(node, t.PrimFunc):
         out = m.visit_func(node)

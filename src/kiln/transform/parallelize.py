@@ -95,13 +95,13 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.visitor import (
-    StmtExprMutator,
     StmtMutator,
     expr_children,
     fresh_copy,
     iter_exprs,
     iter_stmts,
     stmt_children,
+    substitute,
 )
 from kiln.kernels.parallel_work import min_parallel_work
 from kiln.transform.index_ranges import drop_known_mods
@@ -379,7 +379,7 @@ def _merged(run: list[Stmt]) -> tuple[list[DeclBuffer], For] | None:
                 same[x.buffer] = first.buffer
     loops = [x for x in run if isinstance(x, For)]
     var = Var(loops[0].var.name, loops[0].var.dtype)
-    bodies = [_Renamed({lp.var: var}, same).visit_stmt(lp.body) for lp in loops]
+    bodies = [substitute(lp.body, {lp.var: var}, same) for lp in loops]
 
     def choose(lo: int, hi: int) -> Stmt:
         if hi - lo == 1:
@@ -392,19 +392,6 @@ def _merged(run: list[Stmt]) -> tuple[list[DeclBuffer], For] | None:
     extent = Const(int(last.start.value) + int(last.extent.value)  # type: ignore[attr-defined]
                    - int(loops[0].start.value), var.dtype)  # type: ignore[attr-defined]
     return views, For(var, loops[0].start, extent, "serial", choose(0, len(loops)))
-
-
-class _Renamed(StmtExprMutator):
-    """A statement with variables and buffers replaced (by identity)."""
-
-    def __init__(self, vars: dict[Var, PrimExpr], buffers: dict[Buffer, Buffer]) -> None:
-        self.vars, self.buffers = vars, buffers
-
-    def visit_var(self, e: Var) -> PrimExpr:
-        return self.vars.get(e, e)
-
-    def visit_buffer(self, b: Buffer) -> Buffer:
-        return self.buffers.get(b, b)
 
 
 def _same_stmts(a: tuple[Stmt, ...], b: tuple[Stmt, ...]) -> bool:

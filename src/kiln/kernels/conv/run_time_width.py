@@ -38,7 +38,7 @@ from kiln.ir.analysis.tensor_queries import read_buffers
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.shape_expr import simplify_dim
 from kiln.ir.tensor import Buffer, PrimExpr, Stmt, Var
-from kiln.ir.visitor import StmtExprMutator
+from kiln.ir.visitor import substitute
 from kiln.kernels.tiles import Epilogue
 from kiln.ops.conv_geometry import ConvShape
 
@@ -139,10 +139,8 @@ class RunTimeWidth:
             buffers[bias] = Buffer(bias.name, (cout,), bias.dtype, bias.scope)
         shape = replace(self.shape, c_in=cast(int, ci), c_out=cast(int, cout), h=cast(int, h),
                         w=cast(int, wd))
-        rebind = _Rebind(buffers)
-
         def epilogue(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
-            return rebind.visit_expr(tiles.epilogue(v, idx))
+            return substitute(tiles.epilogue(v, idx), {}, buffers)
 
         return tiles.nest(shape, buffers[x], buffers[w], buffers[tiles.out], epilogue)
 
@@ -173,16 +171,6 @@ def run_time_operand(shape: tuple[object, ...], out: tuple[object, ...],
     if channels is not None:
         return tuple(shape) == (channels,)
     return tuple(shape) == tuple(out)
-
-
-class _Rebind(StmtExprMutator):
-    """Reads of static buffers as reads of their run-time ones."""
-
-    def __init__(self, buffers: dict[Buffer, Buffer]) -> None:
-        self.buffers = buffers
-
-    def visit_buffer(self, b: Buffer) -> Buffer:
-        return self.buffers.get(b, b)
 
 
 __all__ = ["HEIGHT_AXIS", "HEIGHT_NAME", "IMAGE_WIDTH_AXIS", "IMAGE_WIDTH_NAME", "TILES_AXIS",
