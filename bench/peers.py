@@ -324,6 +324,23 @@ def print_tables(results: list[PeerResult], runtimes: list[str], measure: str = 
     return lines
 
 
+def int8_pairs_note(results: list[PeerResult], target: kiln.target.Target) -> list[str]:
+    """A note where the int8 rows compare unlike sums: onnxruntime saturating u8 x s8
+    pairs in int16 (its AVX2 kernels without VNNI; OpenVINO's likewise) against kiln's
+    default `int8-pairs=exact` (ONNX's sums; docs/quantization.md, "Without VNNI")."""
+    if not any(r.int8 for r in results) or target.get("int8-pairs", "exact") != "exact":
+        return []
+    from ort_isa import saturates  # heavy: runs a MatMulInteger on onnxruntime
+
+    if not saturates():
+        return []
+    return ["", "The int8 rows compare unlike sums: on this instruction set onnxruntime "
+            "(and OpenVINO) sum u8 x s8 pairs in saturating int16, kiln's default "
+            "`int8-pairs=exact` as ONNX defines them (the rows' rel L2); a kiln target "
+            "with `-int8-pairs=saturate` computes onnxruntime's sums "
+            "(docs/quantization.md, \"Without VNNI\")."]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="peers",
@@ -382,6 +399,9 @@ def main() -> None:
               + (f"  [kiln loops alone: {alone:.0%}]" if alone > 0 else ""), flush=True)
         gc.collect()
     lines = print_tables(results, runtimes, "CPU time" if args.cpu_time else "Latency")
+    note = int8_pairs_note(results, target)
+    print("\n".join(note))
+    lines += note
     if args.write_docs:
         command = " ".join(["bench/peers.py", *sys.argv[1:]])
         block = args.docs_block or (
