@@ -76,12 +76,13 @@ def part_texts(name: str, target: Any) -> dict[str, str]:
         return compile_part(text, config, tm)
 
     os.environ["KILN_CODEGEN_JOBS"] = "1"
-    os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-llvm-passes-")
     part_names.content_named, parts.compile_part = naming, keeping
-    try:
-        kiln.compile(from_onnx(model_named(name)), target)["main"]
-    finally:
-        part_names.content_named, parts.compile_part = content_named, compile_part
+    with tempfile.TemporaryDirectory(prefix="kiln-llvm-passes-") as cache:
+        os.environ["KILN_CACHE_DIR"] = cache  # empty: every part is compiled
+        try:
+            kiln.compile(from_onnx(model_named(name)), target)["main"]
+        finally:
+            part_names.content_named, parts.compile_part = content_named, compile_part
     return texts
 
 

@@ -400,8 +400,9 @@ def main() -> None:
         gc.collect()
     lines = print_tables(results, runtimes, "CPU time" if args.cpu_time else "Latency")
     note = int8_pairs_note(results, target)
-    print("\n".join(note))
-    lines += note
+    if note:
+        print("\n".join(note))
+        lines += note
     if args.write_docs:
         command = " ".join(["bench/peers.py", *sys.argv[1:]])
         block = args.docs_block or (
