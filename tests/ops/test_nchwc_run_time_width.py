@@ -9,7 +9,10 @@ input's channel blocks. A third branch reads 24 channels (a block and a half: a 
 of its own at a static width). Two more run chains of 1x1 layers of other widths and
 output channels at 10x10 and 16x16 (+ ReLU, + residual Add + ReLU, alone): each
 epilogue's layers share one kernel, called with their input's channel blocks, output
-channel tiles and image size; a fourth, at 8x8, has its own (another tile). Batch 2;
+channel tiles and image size; a fourth, at 8x8, has its own (another tile). Two more
+put 5x5 layers with pads 2 between 1x1 layers at 12x12 (32 > 32 > 64) and 6x6
+(32 > 64): the three share one kernel over their widths, output channel tiles and image
+sizes (kiln.kernels.conv.direct.blocked_run_time_tiles). Batch 2;
 llvm and c, in this process and in fresh processes with 1 and 2 threads.
 """
 
@@ -85,13 +88,22 @@ def build_model() -> onnx.ModelProto:
     w = "w"
     for k in range(3):
         w = relu(conv(w, f"w{k}0", 64, 64, 1, 1, 0), f"w{k}")
+    # 5x5 layers with pads 2 (+ ReLU) between 1x1 layers (a blocked region), of other
+    # widths, output channels and image sizes: 32 > 32 > 64 at 12x12 and 32 > 64 at 6x6
+    # share one kernel
+    for name in "km":
+        a = relu(conv(name, f"{name}a0", 16, 32, 1, 1, 0), f"{name}a")
+        if name == "k":
+            a = relu(conv(a, f"{name}f0", 32, 32, 5, 1, 2), f"{name}f")
+        b = relu(conv(a, f"{name}g0", 32, 64, 5, 1, 2), f"{name}g")
+        relu(conv(b, f"{name}h0", 64, 32, 1, 1, 0), f"{name}h")
     sizes = (("x", 16, 10), ("y", 48, 10), ("z", 24, 10), ("u", 64, 10), ("v", 128, 16),
-             ("w", 64, 8))
+             ("w", 64, 8), ("k", 16, 12), ("m", 16, 6))
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, ci, hw, hw])
               for n, ci, hw in sizes]
     outputs = [helper.make_tensor_value_info(f"{n}{o}", TensorProto.FLOAT, None)
                for n, o in (*((n, o) for n in "xyz" for o in "sr"), ("u", "t"), ("v", "t"),
-                            ("w", "2"))]
+                            ("w", "2"), ("k", "h"), ("m", "h"))]
     return kernel_checks.branches_model("widths", nodes, inputs, outputs, inits)
 
 
@@ -99,7 +111,7 @@ MODEL = build_model()
 CASES = [*(f"{n} {o}" for n in ("16 channels", "48 channels", "24 channels")
            for o in ("3x3 stride 2", "1x1 + residual")),
          "64 > 128 > 128 > 128 > 64 > 64 at 10x10", "128 > 64 > 64 > 64 > 128 > 64 at 16x16",
-         "64 > 64 > 64 > 64 at 8x8"]
+         "64 > 64 > 64 > 64 at 8x8", "5x5 32 > 32 > 64 at 12x12", "5x5 32 > 64 at 6x6"]
 CHECKS = kernel_checks.KernelCases(MODEL, CASES, TOL, RNG)
 FEEDS, assert_close = CHECKS.feeds, CHECKS.assert_close
 native, reference = CHECKS.native_fixture(), CHECKS.reference_fixture()
@@ -144,7 +156,12 @@ def test_layers_of_whole_blocks_share_a_kernel() -> None:
     # 16 and of the 48 channel branch (tiles of 16 and 48 channels: one each); shared by
     # the two, the 1x1 + ReLU and the 1x1 + Add + ReLU into 32; shared by the 10x10 and
     # the 16x16 branch (other widths, output channels and image sizes), the six 1x1 +
-    # ReLU, the two 1x1 + Add + ReLU and the two 1x1 alone; the 8x8 branch's three
-    assert sorted(calls[n] for n in kernels if dims[n] == tiled) == [1, 1, 2, 2, 2, 2, 3, 6]
+    # ReLU, the two 1x1 + Add + ReLU and the two 1x1 alone; the 8x8 branch's three; the
+    # 12x12 and the 6x6 branch's first and last 1x1 layers, two each
+    one = {n for n, f in kernels.items()
+           if [str(d) for d in f.buffer_params[1].shape[3:5]] == ["1", "1"]}
+    assert sorted(calls[n] for n in one if dims[n] == tiled) == [1, 1, 2, 2, 2, 2, 2, 2, 3, 6]
+    # the 5x5 layers with pads 2 of the 12x12 and the 6x6 branch: one kernel
+    assert sorted(calls[n] for n in kernels if dims[n] == tiled and n not in one) == [3]
     # the 24 channel branch's four at their width
     assert sorted(calls[n] for n in kernels if not dims[n]) == [1, 1, 1, 1]

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir import tensor as tir
 from kiln.ir import weight_origin as wo
 from kiln.ir.dtype import INDEX_DTYPE, itemsize
+from kiln.ir.shape_expr import simplify_dim
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
@@ -222,7 +225,8 @@ class BlockedSchedule:
 
 
 def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
-                      schedule: BlockedSchedule, epilogue: Epilogue, *, isa: ISA) -> Stmt:
+                      schedule: BlockedSchedule, epilogue: Epilogue, *, isa: ISA,
+                      rest: int | None = None) -> Stmt:
     """The loop nest of a blocked direct convolution reading packed weights `wp`
     (`pack_blocked_weight` layout) and writing `epilogue(acc, index)` into `out` (NCHW),
     as `schedule` says.
@@ -256,14 +260,22 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     (unblocked sums only) the tiles run in bands of `band` consecutive tiles, each band's
     tiles for every channel block in turn (kiln.kernels.conv.direct.band_tiles). With
     `prefetch` each step of the sums also prefetches the weights the next channel block
-    (or segment) reads at that step (kiln.kernels.prefetch)."""
+    (or segment) reads at that step (kiln.kernels.prefetch).
+
+    With `rest` (NCHW{b}c, unblocked sums, output channels whole tiles, an output as
+    large as the input: kiln.kernels.conv.direct.blocked_run_time_tiles), the input
+    and output channel counts and the image's height and width may be run-time values
+    (kiln.kernels.conv.run_time_width.RunTimeTiles): `rest` is the last tile's
+    positions (`h * w % tile_w`, 0 for a whole one), which says which of its slots may
+    be past the image's end, and a tile finds its slots' rows and columns from its
+    first one's (`run_time_places`)."""
     if schedule.subsample and not schedule.block and subsamples(shape):
         xs, copy = subsampled_input(x, shape, isa=isa)
         one = replace(shape, h=shape.out_h, w=shape.out_w, stride=(1, 1))
         return seq(*copy, blocked_conv_body(one, xs, wp, out,
                                             replace(schedule, subsample=False, band=0),
                                             epilogue, isa=isa))
-    nest = _plan(shape, x, wp, out, schedule, epilogue)
+    nest = _plan(shape, x, wp, out, schedule, epilogue, rest)
     loops = _loops(nest)
     # the views the tiles' flat stores and prefetches made
     return seq(*nest.flat.decls, *(nest.pf.decls if nest.pf else ()), loops)
@@ -289,6 +301,7 @@ class _Nest:
     flat: FlatEpilogue
     flat_out: Buffer | None  # the output's flat view (`_flat_stores`), or None
     pf: WeightPrefetch | None
+    rest: int | None = None  # a run-time image: the last tile's positions
 
     @property
     def cb(self) -> int:
@@ -296,8 +309,8 @@ class _Nest:
 
     @property
     def blocks(self) -> int:
-        """Channel tiles per group."""
-        return -(-self.shape.co_group // self.cb)
+        """Channel tiles per group (a run-time count: whole tiles)."""
+        return whole(self.shape.co_group, self.cb)
 
     @property
     def positions(self) -> int:
@@ -315,14 +328,19 @@ class _Nest:
 
 
 def _plan(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, schedule: BlockedSchedule,
-          epilogue: Epilogue) -> _Nest:
+          epilogue: Epilogue, rest: int | None = None) -> _Nest:
     """The `_Nest` of a blocked convolution (its input padded as the schedule says)."""
     block, kblock, cb = schedule.block, schedule.kblock, schedule.tiling.cb
     positions = shape.out_h * shape.out_w
-    tile_w = min(schedule.tiling.tile_w, positions)
-    tiles = -(-positions // tile_w)
-    # slot r of tile t is position t * tile_w + r; it may pass the end in the last tile
-    overflow = [(tiles - 1) * tile_w + r >= positions for r in range(tile_w)]
+    if rest is None:
+        tile_w = min(schedule.tiling.tile_w, positions)
+        tiles = -(-positions // tile_w)
+        # slot r of tile t is position t * tile_w + r; it may pass the end in the last tile
+        overflow = [(tiles - 1) * tile_w + r >= positions for r in range(tile_w)]
+    else:  # the image fills at least one tile (kiln.kernels.conv.direct)
+        tile_w = schedule.tiling.tile_w
+        tiles = cast(int, simplify_dim(-(-positions // tile_w)))
+        overflow = [0 < rest <= r for r in range(tile_w)]
     if block and (shape.groups != 1 or cb % block):
         raise IRError(f"NCHW{block}c conv kernel needs an ungrouped convolution and a "
                       f"channel tile that is a multiple of {block}: {shape}, cb={cb}")
@@ -344,7 +362,7 @@ def _plan(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, schedule: Blocke
     pf = (WeightPrefetch(wp, (kblock.kc if kblock else shape.ci_group) * per_channel)
           if schedule.prefetch else None)
     return _Nest(shape, x, wp, out, epilogue, schedule, tile_w, tiles, overflow,
-                 pads_per_band, xp, prologue, flat, flat_out, pf)
+                 pads_per_band, xp, prologue, flat, flat_out, pf, rest)
 
 
 def _loops(nest: _Nest) -> Stmt:
@@ -367,6 +385,11 @@ def _loops(nest: _Nest) -> Stmt:
 
         return seq(*nest.prologue, parallel_tiles(
             (shape.n, shape.groups, bands, nest.blocks, band), banded))
+    if kblock is None and nest.rest is not None and isinstance(shape.n, int) and shape.n == 1:
+        # one image: the channel tile is the flat index's quotient (no remainder by the
+        # run-time count of channel tiles, a division)
+        return seq(*nest.prologue, parallel_tiles(
+            (nest.blocks, tiles), lambda ob, t: _tile(nest, _c(0), _c(0), ob, t)))
     if kblock is None:
         return seq(*nest.prologue, parallel_tiles(
             (shape.n, shape.groups, nest.blocks, tiles),
@@ -400,7 +423,10 @@ def _tile(nest: _Nest, n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr,
     ci0: PrimExpr = _c(0) if seg is None else seg.ci0
     rows: list[PrimExpr] = []
     cols: list[PrimExpr] = []
-    for r in range(nest.tile_w):
+    if nest.rest is not None:
+        head += run_time_places(t, nest.tile_w, nest.shape.out_w, nest.positions,
+                                nest.overflow, rows, cols)
+    for r in range(nest.tile_w if nest.rest is None else 0):
         pos: PrimExpr = t * nest.tile_w + r
         if nest.overflow[r]:
             pos = min_(pos, nest.positions - 1)
@@ -470,7 +496,7 @@ def _stores(nest: _Nest, acc: Buffer, at: tuple[PrimExpr, ...], positions: _Posi
     if nest.schedule.block:
         real = [t * tile_w + r < nest.positions if nest.overflow[r] else None
                 for r in range(tile_w)]
-        out_blocks = -(-nest.shape.co_group // nest.schedule.block)
+        out_blocks = whole(nest.shape.co_group, nest.schedule.block)
         return seq(Allocate(stage), copy, *blocked_tile_stores(
             nest.out, stage, nest.epilogue, n, ob, rows, cols, real, nest.schedule.block,
             nest.shape.co_group, nest.blocks, out_blocks))
@@ -541,6 +567,48 @@ def _flat_stores(nest: _Nest, stage: Buffer, at: tuple[PrimExpr, ...],
         st: Stmt = Store(nest.flat_out, nest.flat(stage[_c(r), v], (n_, oc, p)), (n_, oc, p))
         stores.append(IfThenElse(p < nest.positions, st) if nest.overflow[r] else st)
     return _in_block(nest, at[2], v, seq(*stores))
+
+
+def whole(count: int | PrimExpr, size: int) -> int:
+    """`count` in units of `size`, the last one partial (a run-time count: whole units,
+    kiln.kernels.conv.run_time_width)."""
+    if isinstance(count, int):
+        return -(-count // size)
+    return cast(int, simplify_dim(count // size))
+
+
+def run_time_places(t: PrimExpr, tile_w: int, width: int | PrimExpr,
+                    positions: int | PrimExpr,
+                    overflow: list[bool], rows: list[PrimExpr], cols: list[PrimExpr]
+                    ) -> list[Stmt]:
+    """The rows and columns of tile `t`'s `tile_w` slots (positions of the flattened
+    image from `t * tile_w`) over a run-time image `width` (appended to `rows` and
+    `cols`) and the statements binding them: the first slot's by one division, each next
+    one's column one further, wrapping to the next row at the width (a division per
+    slot would cost as much as a small tile's multiply-adds). A slot that may be past
+    the image's end (`overflow`) reads the last of its `positions`, as a static
+    kernel's does."""
+    last = positions - 1
+    first = Var("p0", INDEX_DTYPE)
+    lets: list[Stmt] = [LetStmt(first, t * tile_w)]
+    row: PrimExpr = first // width
+    col: PrimExpr = first % width
+    for r in range(tile_w):
+        if r:
+            step = Var(f"wrap{r}", "bool")
+            lets.append(LetStmt(step, (col + 1).eq(width)))
+            row, col = tir.select(step, row + 1, row), tir.select(step, 0, col + 1)
+        rv, cv = Var(f"oh{r}", INDEX_DTYPE), Var(f"ow{r}", INDEX_DTYPE)
+        lets += [LetStmt(rv, row), LetStmt(cv, col)]
+        row, col = rv, cv
+        if overflow[r]:  # past the end: the last position's row and column
+            inside = first + r <= last
+            rv, cv = Var(f"oh{r}_in", INDEX_DTYPE), Var(f"ow{r}_in", INDEX_DTYPE)
+            lets += [LetStmt(rv, tir.select(inside, row, last // width)),
+                     LetStmt(cv, tir.select(inside, col, last % width))]
+        rows.append(rv)
+        cols.append(cv)
+    return lets
 
 
 #: The padded image size from which the NCHW blocked kernel pads per band of tiles

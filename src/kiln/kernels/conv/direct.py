@@ -26,7 +26,7 @@ from kiln.kernels.conv.blocked import (
 from kiln.kernels.conv.family import TUNED_WIDTHS, build_conv, packed_call
 from kiln.kernels.conv.ksegments import ConvKBlocking
 from kiln.kernels.conv.padding import padded_image_bytes
-from kiln.kernels.conv.run_time_width import RunTimeWidth
+from kiln.kernels.conv.run_time_width import RunTimeTiles, RunTimeWidth
 from kiln.kernels.gemm.knobs import k_unroll
 from kiln.kernels.registry import KBLOCK, SPLIT, UNROLL, Family, fits_registers
 from kiln.kernels.tiles import Epilogue, tile_lanes, tile_registers
@@ -52,7 +52,17 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
         if x.ndim == 4 and run_time_width(shape, schedule):
             return RunTimeWidth(shape, nest)
         if x.ndim == 5 and nchwc_run_time_width(shape, schedule):
-            return RunTimeWidth(shape, nest, block)
+            tiles = None
+            if blocked_run_time_tiles(shape, schedule):
+                rest = last_tile(shape, schedule)
+
+                def tiled(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
+                          epilogue: Epilogue) -> Stmt:
+                    return blocked_conv_body(shape, x, w, out, schedule, epilogue, isa=isa,
+                                             rest=rest)
+
+                tiles = RunTimeTiles(schedule.tiling.cb, out, epilogue, tiled)
+            return RunTimeWidth(shape, nest, block, tiles)
         return nest(shape, x, w)
 
     return body
@@ -95,6 +105,26 @@ def nchwc_run_time_width(shape: ConvShape, schedule: BlockedSchedule) -> bool:
     block = schedule.block
     return (block > 0 and shape.groups == 1 and shape.c_in % block == 0
             and schedule.kblock is None and schedule.unroll in (None, 1))
+
+
+def blocked_run_time_tiles(shape: ConvShape, schedule: BlockedSchedule) -> bool:
+    """Whether the blocked kernel of a layer of `shape` on NCHW{b}c input takes its output
+    channel tiles and image size at run time as well as its input's channel blocks
+    (kiln.kernels.conv.run_time_width.RunTimeTiles): where it takes the blocks
+    (`nchwc_run_time_width`), at stride 1 with an output as large as the input (Inception's
+    5x5 layers with pads 2, a 3x3 layer's pads 1), its output channels whole tiles of
+    whole blocks, the image at least a tile. The kernel size, the padding, the tile, the
+    weight prefetch and the positions of the last tile (`last_tile`) stay in the
+    kernel's key, so the sums and the stores are the static kernel's."""
+    cb, block = schedule.tiling.cb, schedule.block
+    return (shape.stride == (1, 1) and (shape.out_h, shape.out_w) == (shape.h, shape.w)
+            and cb % block == 0 and shape.c_out % cb == 0 and not schedule.band
+            and shape.out_h * shape.out_w >= schedule.tiling.tile_w)
+
+
+def last_tile(shape: ConvShape, schedule: BlockedSchedule) -> int:
+    """The positions of the blocked kernel's last tile of an image (0: a whole one)."""
+    return shape.out_h * shape.out_w % schedule.tiling.tile_w
 
 
 def blocked_tiling(shape: ConvShape, isa: ISA) -> Tiling:

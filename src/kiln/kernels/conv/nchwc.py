@@ -34,8 +34,10 @@ from kiln.kernels.conv.direct import (
     TUNED_ATTRS,
     DirectConv,
     blocked_body,
+    blocked_run_time_tiles,
     blocked_schedule,
     choose_k_blocking,
+    last_tile,
     nchwc_run_time_width,
 )
 from kiln.kernels.conv.family import build_conv
@@ -311,8 +313,9 @@ class NchwcConv(DirectConv):
         other operands share one kernel (kiln.transform.fuse_ops). A tuned call keeps
         its own, as does one whose tile ends in half a block. A `TilesKey` where the
         kernel takes its output channel tiles and image size at run time too
-        (`pointwise_run_time_tiles`): the geometry without them, the schedule and the
-        positions of the last tile."""
+        (`pointwise_run_time_tiles`, or on the blocked kernel
+        kiln.kernels.conv.direct.blocked_run_time_tiles): the geometry without them, the
+        schedule and the positions of the last tile."""
         if call.op != self.op or any(k in call.attrs for k in TUNED_ATTRS):
             return None
         types = [a.type for a in call.args]
@@ -338,9 +341,14 @@ class NchwcConv(DirectConv):
                 return "pointwise", replace(shape, c_in=0), pointwise
             return None
         schedule = blocked_schedule(shape, (cb, *tile[1:]), isa.fma, block, isa)
-        if nchwc_run_time_width(shape, schedule):
-            return "blocked", replace(shape, c_in=0), schedule
-        return None
+        if not nchwc_run_time_width(shape, schedule):
+            return None
+        out = call.ret_type
+        if blocked_run_time_tiles(shape, schedule) and isinstance(out, TensorType):
+            tiles = "blocked tiles", replace(shape, c_in=0, c_out=0, h=0, w=0), schedule, \
+                last_tile(shape, schedule)
+            return TilesKey(tiles, tuple(out.shape), shape.c_out)
+        return "blocked", replace(shape, c_in=0), schedule
 
 
 def pointwise_schedule(shape: ConvShape, cb: int, tile: tuple[int, ...], block: int,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from math import prod
+from typing import Any
 
 from kiln.errors import IRError
 from kiln.ir.dtype import INDEX_DTYPE
@@ -191,13 +192,16 @@ def padded_blocked_buffer(x: Buffer, shape: ConvShape, block: int
     xp = Buffer("xpad", (shape.n, cblocks, hp, wp, block), x.dtype)
     zero = as_expr(0.0, x.dtype)
 
+    h, w = shape.h, shape.w  # run-time values where the kernel takes them (RunTimeTiles)
+
     def fill(n: PrimExpr, cb: PrimExpr) -> Stmt:
-        def rect(rows: tuple[int, int], cols: tuple[int, int],
+        def rect(rows: tuple[Any, Any], cols: tuple[Any, Any],
                  value: Callable[[PrimExpr, PrimExpr, PrimExpr], PrimExpr]) -> list[Stmt]:
-            if rows[1] <= rows[0] or cols[1] <= cols[0]:
+            """The statements writing `value` over rows and columns (first, count)."""
+            if any(isinstance(c, int) and c <= 0 for c in (rows[1], cols[1])):
                 return []
-            return [_loop("i", rows[1] - rows[0], lambda i: _loop(
-                "q", cols[1] - cols[0], lambda q: lanes_loop("v", block, lambda v: Store(
+            return [_loop("i", rows[1], lambda i: _loop(
+                "q", cols[1], lambda q: lanes_loop("v", block, lambda v: Store(
                     xp, value(i, q, v), (n, cb, i, q, v))), start=cols[0]), start=rows[0])]
 
         def zeros(i: PrimExpr, q: PrimExpr, v: PrimExpr) -> PrimExpr:
@@ -206,9 +210,8 @@ def padded_blocked_buffer(x: Buffer, shape: ConvShape, block: int
         def image(i: PrimExpr, q: PrimExpr, v: PrimExpr) -> PrimExpr:
             return x[n, cb, i - top, q - left, v]
 
-        return seq(*rect((0, top), (0, wp), zeros), *rect((top + shape.h, hp), (0, wp), zeros),
-                   *rect((top, top + shape.h), (0, left), zeros),
-                   *rect((top, top + shape.h), (left + shape.w, wp), zeros),
-                   *rect((top, top + shape.h), (left, left + shape.w), image))
+        return seq(*rect((0, top), (0, wp), zeros), *rect((top + h, bottom), (0, wp), zeros),
+                   *rect((top, h), (0, left), zeros), *rect((top, h), (left + w, right), zeros),
+                   *rect((top, h), (left, w), image))
 
     return xp, [Allocate(xp), _nest(("n", "c"), (shape.n, cblocks), fill)]

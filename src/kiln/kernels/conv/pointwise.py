@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from typing import cast
 
 from kiln.errors import IRError
-from kiln.ir import tensor as tir
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.shape_expr import simplify_dim
 from kiln.ir.tensor import Allocate, Buffer, LetStmt, PrimExpr, Stmt, Store, Var, as_expr, min_, seq
-from kiln.kernels.conv.blocked import Tiling, blocked_tile_stores
+from kiln.kernels.conv.blocked import Tiling, blocked_tile_stores, run_time_places
 from kiln.kernels.conv.ksegments import (
     ConvKBlocking,
     Segment,
@@ -72,7 +71,8 @@ def pointwise_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     (kiln.kernels.conv.run_time_width.RunTimeTiles); `rest` is then the positions of
     the last tile (`h * w % tile_w`, 0 for a whole one), which says which of its slots
     may be past the image's end as the static kernel's overflow does, and a tile finds
-    its slots' rows and columns from its first position's (`_run_time_places`)."""
+    its slots' rows and columns from its first position's
+    (kiln.kernels.conv.blocked.run_time_places)."""
     positions = shape.out_h * shape.out_w
     if rest is None:
         tile_w = min(schedule.tiling.tile_w, positions)
@@ -153,7 +153,8 @@ def _tile(nest: _Pointwise, n: PrimExpr, ob: PrimExpr, t: PrimExpr,
     cols: list[PrimExpr] = []
     overflow, ow_n = nest.overflow, nest.shape.out_w
     if nest.rest is not None:
-        head += _run_time_places(nest, t, rows, cols)
+        head += run_time_places(t, nest.tile_w, nest.shape.out_w, nest.positions,
+                                nest.overflow, rows, cols)
     for r in range(nest.tile_w if nest.rest is None else 0):
         pos: PrimExpr = t * nest.tile_w + r
         if overflow[r]:  # past the end: read the last position, store nothing
@@ -165,37 +166,6 @@ def _tile(nest: _Pointwise, n: PrimExpr, ob: PrimExpr, t: PrimExpr,
     red = _sums(nest, acc, n, ob, rows, cols, seg)
     finish = _stores(nest, acc, n, ob, t, rows, cols)
     return seq(*head, *red, finish if seg is None else segment_end(acc, seg, finish))
-
-
-def _run_time_places(nest: _Pointwise, t: PrimExpr, rows: list[PrimExpr],
-                     cols: list[PrimExpr]) -> list[Stmt]:
-    """The rows and columns of tile `t`'s slots over a run-time image width (appended to
-    `rows` and `cols`) and the statements binding them: the first slot's by one division,
-    each next one's column one further, wrapping to the next row at the width (a
-    division per slot would cost as much as a small tile's multiply-adds). A slot that
-    may be past the image's end (`overflow`) reads the last position, as the static
-    kernel's do."""
-    width, last = nest.shape.out_w, nest.positions - 1
-    first = Var("p0", INDEX_DTYPE)
-    lets: list[Stmt] = [LetStmt(first, t * nest.tile_w)]
-    row: PrimExpr = first // width
-    col: PrimExpr = first % width
-    for r in range(nest.tile_w):
-        if r:
-            step = Var(f"wrap{r}", "bool")
-            lets.append(LetStmt(step, (col + 1).eq(width)))
-            row, col = tir.select(step, row + 1, row), tir.select(step, 0, col + 1)
-        rv, cv = Var(f"oh{r}", INDEX_DTYPE), Var(f"ow{r}", INDEX_DTYPE)
-        lets += [LetStmt(rv, row), LetStmt(cv, col)]
-        row, col = rv, cv
-        if nest.overflow[r]:  # past the end: the last position's row and column
-            inside = first + r <= last
-            rv, cv = Var(f"oh{r}_in", INDEX_DTYPE), Var(f"ow{r}_in", INDEX_DTYPE)
-            lets += [LetStmt(rv, tir.select(inside, row, last // width)),
-                     LetStmt(cv, tir.select(inside, col, last % width))]
-        rows.append(rv)
-        cols.append(cv)
-    return lets
 
 
 def _sums(nest: _Pointwise, acc: Buffer, n: PrimExpr, ob: PrimExpr, rows: list[PrimExpr],

@@ -25,7 +25,11 @@ width (`HEIGHT_NAME`, `IMAGE_WIDTH_NAME`, the input's axes 2 and 3) at run time 
 the output are then over those counts (its tiles find their positions' rows and
 columns from their first one's, kiln.kernels.conv.pointwise).
 ResNet-50's 1x1 layers of one epilogue at 56x56, 28x28 and 14x14 (whose positions
-leave the same remainder in the last tile) share a kernel whatever their widths.
+leave the same remainder in the last tile) share a kernel whatever their widths. The
+blocked kernel (`blocked_conv_body`) does the same for a layer at stride 1 whose output
+is as large as its input (kiln.kernels.conv.direct.blocked_run_time_tiles): Inception's
+5x5 layers with pads 2 at 28x28, 14x14 and 7x7, of 32 to 128 output channels, share
+one.
 """
 
 from __future__ import annotations
