@@ -29,7 +29,7 @@ leave the same remainder in the last tile) share a kernel whatever their widths.
 blocked kernel (`blocked_conv_body`) does the same for a layer at stride 1 whose output
 is as large as its input (kiln.kernels.conv.direct.blocked_run_time_tiles): Inception's
 5x5 layers with pads 2 at 28x28, 14x14 and 7x7, of 32 to 128 output channels, share
-one.
+kernels by the positions of their last tile and their weight prefetch.
 """
 
 from __future__ import annotations
