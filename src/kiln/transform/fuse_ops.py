@@ -252,17 +252,24 @@ def _operand_key(group: list[g.Binding], externals: list[g.Expr], ext_index: dic
     """The operands' types, as the group's kernel is built for them, and None: or, for a
     kernel that takes its input channel count at run time (its lowering's `width_key`,
     kiln.kernels.conv.run_time_width), the types with its input's and weight's left
-    out, and that key, so that layers of every width share it. Not where the group reads
-    either of them elsewhere (those reads would be of the static width). Where the key
+    out, and that key, so that layers of every width share it (a lowering with
+    `width_operands` 1, the NCHW{b}c pool, keys its one operand so, and only for a group
+    of itself alone). Not where the group reads either of them elsewhere (those reads
+    would be of the static width). Where the key
     is a `TilesKey` (the output channel tiles and image size at run time too), the
     bias (the anchor's third argument) and the operands shaped like the output are
     keyed by their dtype alone as well (`TilesKey.takes`)."""
     types: list[Any] = [e.type for e in externals]
     anchor = group[_anchor(group)].value
     assert isinstance(anchor, g.Call)
-    width_key = getattr(lowering_for(anchor.op), "width_key", None)
-    operands = anchor.args[:2]
-    if width_key is None or len(operands) < 2 or any(id(a) not in ext_index for a in operands):
+    lowering = lowering_for(anchor.op)
+    width_key = getattr(lowering, "width_key", None)
+    count = getattr(lowering, "width_operands", 2)
+    operands = anchor.args[:count]
+    if width_key is None or len(operands) < count or any(id(a) not in ext_index
+                                                         for a in operands):
+        return tuple(types), None
+    if count == 1 and len(group) > 1:  # a one-operand kernel (a pool) is shared alone
         return tuple(types), None
     reads = Counter(id(a) for b in group if isinstance(b.value, g.Call) for a in b.value.args)
     if any(reads[id(a)] != 1 for a in operands):

@@ -86,7 +86,10 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
     `bf16_words` layout, kiln.transform.bf16_words) `out` is those words: a task takes a
     pair of blocks, and lane `v` of both blocks' results is rounded into one word. An
     int32 `x` is words of pairs of blocks `[N][C/2b][H * W][b]` (`_load`): a task then
-    takes a pair of blocks (kiln.transform.bf16_pool_words)."""
+    takes a pair of blocks (kiln.transform.bf16_pool_words). A float32 `x` over run-time
+    channel blocks, height and width (kiln.kernels.pool.lowering.run_time_pool: a max
+    pool at stride 1 whose output is as large as its input) takes them from its shape:
+    `out` is over the same, `geometry` is one call's (its window, pads and scan)."""
     # the batch may be symbolic: the outer loop's extent, the rest planned as pinned
     batch = x.shape[0] if not isinstance(x.shape[0], int) else int(x.shape[0])
     block, (h, w) = int(x.shape[-1]), geometry.shape[2:]
@@ -94,6 +97,10 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
     (kh, kw), (sh, sw), (dh, dw) = geometry.kernel, geometry.strides, geometry.dilations
     top, left = geometry.begins
     out_h, out_w = geometry.out
+    run_time = len(x.shape) == 5 and not isinstance(x.shape[2], int)
+    if run_time:  # `run_time_pool`: the blocks and the image size are the input's
+        blocks, h, w = x.shape[1:4]
+        out_h, out_w = h, w
     dtype = "float32" if x.dtype == "int32" else x.dtype
     start: PrimExpr = as_expr(0.0, dtype) if kind != "max" else \
         te.lowest_value(dtype) if scan else max_floor(dtype)
@@ -159,18 +166,28 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
         def border(ow: PrimExpr) -> Stmt:
             return position(ow, _taps(ow * sw - left, kw, dw, w))
 
-        first, end = interior(out_w, sw, left, kw, dw, w)
         runs: list[Stmt] = []
+        if run_time:  # an output as wide as the input: `right` border columns at the end
+            right = geometry.ends[1]
+            first, end = left, w - right
+            inner = w - left - right
+        else:
+            first, end = interior(out_w, sw, left, kw, dw, w)
+            right, inner = out_w - end, end - first
         if first:
             runs.append(loop("ow", first, border))
-        if end > first:
-            runs.append(loop("ow", end - first, lambda ow: position(ow, None), start=first))
-        if out_w > end:
-            runs.append(loop("ow", out_w - end, border, start=end))
+        if run_time or inner > 0:
+            runs.append(loop("ow", inner, lambda ow: position(ow, None), start=first))
+        if right:
+            runs.append(loop("ow", right, border, start=end))
         return seq(LetStmt(r0, oh * sh - top), LetStmt(kh_lo, lo), LetStmt(kh_hi, hi), *runs)
 
-    nest = parallel_when(lambda: parallel_tiles((batch, blocks // group, out_h), row),
-                         batch * blocks * out_h * out_w * block * kh * kw, "element", isa=isa)
+    if run_time:  # a kernel for layers of every size: its tiles split over the threads
+        nest = parallel_tiles((batch, blocks, out_h), row)
+    else:
+        nest = parallel_when(lambda: parallel_tiles((batch, blocks // group, out_h), row),
+                             batch * blocks * out_h * out_w * block * kh * kw, "element",
+                             isa=isa)
     border = [] if words is None else zero_border(out, words[0])
     if kind == "max":
         return seq(*border, nest)
