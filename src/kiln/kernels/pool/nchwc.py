@@ -17,6 +17,9 @@ The generic lowering this replaces ran the window one element at a time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
     Allocate,
@@ -75,6 +78,42 @@ def _load(x: Buffer, w: int, n: PrimExpr, k: int, c: PrimExpr, r: PrimExpr, q: P
                        "float32")
 
 
+def _sizes(geometry: PoolGeometry, x: Buffer, block: int) -> tuple[bool, tuple[Any, ...]]:
+    """Whether the kernel of `x` is over run-time sizes (kiln.kernels.pool.lowering.
+    run_time_pool: its input's shape holds them), and its (channel blocks, height, width,
+    output height, output width): the input's (the output as large), else `geometry`'s."""
+    if len(x.shape) == 5 and not isinstance(x.shape[2], int):
+        blocks, h, w = x.shape[1:4]
+        return True, (blocks, h, w, h, w)
+    return False, (geometry.shape[1] // block, *geometry.shape[2:], *geometry.out)
+
+
+def _column_runs(geometry: PoolGeometry, out_w: Any, w: Any, run_time: bool,
+                 border: Callable[[PrimExpr], Stmt], inside: Callable[[PrimExpr], Stmt]
+                 ) -> list[Stmt]:
+    """The loops over one output row of `out_w` positions (an input row of `w`): the left
+    border's positions (`border`: their kernel columns bounded), the interior's
+    (`inside`: every column), the right border's. Over a run-time width (`run_time`: an
+    output as wide as the input) the interior ends the right pad's columns before the
+    row's end."""
+    left, right = geometry.begins[1], geometry.ends[1]
+    if run_time:
+        first, end = left, w - right
+        inner = w - left - right
+    else:
+        first, end = interior(out_w, geometry.strides[1], left, geometry.kernel[1],
+                              geometry.dilations[1], w)
+        right, inner = out_w - end, end - first
+    runs: list[Stmt] = []
+    if first:
+        runs.append(loop("ow", first, border))
+    if run_time or inner > 0:
+        runs.append(loop("ow", inner, inside, start=first))
+    if right:
+        runs.append(loop("ow", right, border, start=end))
+    return runs
+
+
 def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buffer,
                     out: Buffer, epilogue: Epilogue, scan: bool = False, *, isa: ISA,
                     words: WordsLayout | None = None) -> Stmt:
@@ -92,15 +131,10 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
     `out` is over the same, `geometry` is one call's (its window, pads and scan)."""
     # the batch may be symbolic: the outer loop's extent, the rest planned as pinned
     batch = x.shape[0] if not isinstance(x.shape[0], int) else int(x.shape[0])
-    block, (h, w) = int(x.shape[-1]), geometry.shape[2:]
-    blocks = geometry.shape[1] // block
+    block = int(x.shape[-1])
+    run_time, (blocks, h, w, out_h, out_w) = _sizes(geometry, x, block)
     (kh, kw), (sh, sw), (dh, dw) = geometry.kernel, geometry.strides, geometry.dilations
     top, left = geometry.begins
-    out_h, out_w = geometry.out
-    run_time = len(x.shape) == 5 and not isinstance(x.shape[2], int)
-    if run_time:  # `run_time_pool`: the blocks and the image size are the input's
-        blocks, h, w = x.shape[1:4]
-        out_h, out_w = h, w
     dtype = "float32" if x.dtype == "int32" else x.dtype
     start: PrimExpr = as_expr(0.0, dtype) if kind != "max" else \
         te.lowest_value(dtype) if scan else max_floor(dtype)
@@ -166,20 +200,8 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
         def border(ow: PrimExpr) -> Stmt:
             return position(ow, _taps(ow * sw - left, kw, dw, w))
 
-        runs: list[Stmt] = []
-        if run_time:  # an output as wide as the input: `right` border columns at the end
-            right = geometry.ends[1]
-            first, end = left, w - right
-            inner = w - left - right
-        else:
-            first, end = interior(out_w, sw, left, kw, dw, w)
-            right, inner = out_w - end, end - first
-        if first:
-            runs.append(loop("ow", first, border))
-        if run_time or inner > 0:
-            runs.append(loop("ow", inner, lambda ow: position(ow, None), start=first))
-        if right:
-            runs.append(loop("ow", right, border, start=end))
+        runs = _column_runs(geometry, out_w, w, run_time, border,
+                            lambda ow: position(ow, None))
         return seq(LetStmt(r0, oh * sh - top), LetStmt(kh_lo, lo), LetStmt(kh_hi, hi), *runs)
 
     if run_time:  # a kernel for layers of every size: its tiles split over the threads
