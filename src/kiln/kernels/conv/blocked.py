@@ -268,7 +268,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     (kiln.kernels.conv.run_time_width.RunTimeTiles): `rest` is the last tile's
     positions (`h * w % tile_w`, 0 for a whole one), which says which of its slots may
     be past the image's end, and a tile finds its slots' rows and columns from its
-    first one's (`run_time_places`)."""
+    first one's (`tile_places`)."""
     if schedule.subsample and not schedule.block and subsamples(shape):
         xs, copy = subsampled_input(x, shape, isa=isa)
         one = replace(shape, h=shape.out_h, w=shape.out_w, stride=(1, 1))
@@ -423,17 +423,8 @@ def _tile(nest: _Nest, n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr,
     ci0: PrimExpr = _c(0) if seg is None else seg.ci0
     rows: list[PrimExpr] = []
     cols: list[PrimExpr] = []
-    if nest.rest is not None:
-        head += run_time_places(t, nest.tile_w, nest.shape.out_w, nest.positions,
-                                nest.overflow, rows, cols)
-    for r in range(nest.tile_w if nest.rest is None else 0):
-        pos: PrimExpr = t * nest.tile_w + r
-        if nest.overflow[r]:
-            pos = min_(pos, nest.positions - 1)
-        rv, cv = Var(f"oh{r}", INDEX_DTYPE), Var(f"ow{r}", INDEX_DTYPE)
-        head += [LetStmt(rv, pos // nest.shape.out_w), LetStmt(cv, pos % nest.shape.out_w)]
-        rows.append(rv)
-        cols.append(cv)
+    head += tile_places(t, nest.tile_w, nest.shape.out_w, nest.positions, nest.overflow,
+                        nest.rest is not None, rows, cols)
     channels = nest.shape.ci_group if seg is None else seg.kc
     if nest.pf is not None:
         head.append(nest.pf.start((g, ob, ci0, _c(0), _c(0), _c(0)),
@@ -577,17 +568,34 @@ def whole(count: int | PrimExpr, size: int) -> int:
     return cast(int, simplify_dim(count // size))
 
 
-def run_time_places(t: PrimExpr, tile_w: int, width: int | PrimExpr,
-                    positions: int | PrimExpr,
-                    overflow: list[bool], rows: list[PrimExpr], cols: list[PrimExpr]
-                    ) -> list[Stmt]:
+def tile_places(t: PrimExpr, tile_w: int, width: int | PrimExpr, positions: int | PrimExpr,
+                overflow: list[bool], run_time: bool, rows: list[PrimExpr],
+                cols: list[PrimExpr]) -> list[Stmt]:
     """The rows and columns of tile `t`'s `tile_w` slots (positions of the flattened
-    image from `t * tile_w`) over a run-time image `width` (appended to `rows` and
-    `cols`) and the statements binding them: the first slot's by one division, each next
-    one's column one further, wrapping to the next row at the width (a division per
-    slot would cost as much as a small tile's multiply-adds). A slot that may be past
-    the image's end (`overflow`) reads the last of its `positions`, as a static
-    kernel's does."""
+    image of `width` columns from `t * tile_w`), appended to `rows` and `cols`, and the
+    statements binding them: each slot's by a division, or over a run-time image
+    (`run_time`) by `_run_time_places`. A slot that may be past the image's end
+    (`overflow`) reads the last of its `positions` (and stores nothing)."""
+    if run_time:
+        return _run_time_places(t, tile_w, width, positions, overflow, rows, cols)
+    lets: list[Stmt] = []
+    for r in range(tile_w):
+        pos: PrimExpr = t * tile_w + r
+        if overflow[r]:
+            pos = min_(pos, positions - 1)
+        rv, cv = Var(f"oh{r}", INDEX_DTYPE), Var(f"ow{r}", INDEX_DTYPE)
+        lets += [LetStmt(rv, pos // width), LetStmt(cv, pos % width)]
+        rows.append(rv)
+        cols.append(cv)
+    return lets
+
+
+def _run_time_places(t: PrimExpr, tile_w: int, width: int | PrimExpr,
+                     positions: int | PrimExpr, overflow: list[bool], rows: list[PrimExpr],
+                     cols: list[PrimExpr]) -> list[Stmt]:
+    """`tile_places` over a run-time image width: the first slot's row and column by one
+    division, each next one's column one further, wrapping to the next row at the width
+    (a division per slot would cost as much as a small tile's multiply-adds)."""
     last = positions - 1
     first = Var("p0", INDEX_DTYPE)
     lets: list[Stmt] = [LetStmt(first, t * tile_w)]

@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from typing import cast
 
 from kiln.errors import IRError
-from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.shape_expr import simplify_dim
-from kiln.ir.tensor import Allocate, Buffer, LetStmt, PrimExpr, Stmt, Store, Var, as_expr, min_, seq
-from kiln.kernels.conv.blocked import Tiling, blocked_tile_stores, run_time_places
+from kiln.ir.tensor import Allocate, Buffer, LetStmt, PrimExpr, Stmt, Store, Var, as_expr, seq
+from kiln.kernels.conv.blocked import Tiling, blocked_tile_stores, tile_places
 from kiln.kernels.conv.ksegments import (
     ConvKBlocking,
     Segment,
@@ -72,7 +71,7 @@ def pointwise_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     the last tile (`h * w % tile_w`, 0 for a whole one), which says which of its slots
     may be past the image's end as the static kernel's overflow does, and a tile finds
     its slots' rows and columns from its first position's
-    (kiln.kernels.conv.blocked.run_time_places)."""
+    (kiln.kernels.conv.blocked.tile_places)."""
     positions = shape.out_h * shape.out_w
     if rest is None:
         tile_w = min(schedule.tiling.tile_w, positions)
@@ -151,18 +150,8 @@ def _tile(nest: _Pointwise, n: PrimExpr, ob: PrimExpr, t: PrimExpr,
     head = tile_accumulators(acc, seg)
     rows: list[PrimExpr] = []
     cols: list[PrimExpr] = []
-    overflow, ow_n = nest.overflow, nest.shape.out_w
-    if nest.rest is not None:
-        head += run_time_places(t, nest.tile_w, nest.shape.out_w, nest.positions,
-                                nest.overflow, rows, cols)
-    for r in range(nest.tile_w if nest.rest is None else 0):
-        pos: PrimExpr = t * nest.tile_w + r
-        if overflow[r]:  # past the end: read the last position, store nothing
-            pos = min_(pos, nest.positions - 1)
-        rv, cv = Var(f"oh{r}", INDEX_DTYPE), Var(f"ow{r}", INDEX_DTYPE)
-        head += [LetStmt(rv, pos // ow_n), LetStmt(cv, pos % ow_n)]
-        rows.append(rv)
-        cols.append(cv)
+    head += tile_places(t, nest.tile_w, nest.shape.out_w, nest.positions, nest.overflow,
+                        nest.rest is not None, rows, cols)
     red = _sums(nest, acc, n, ob, rows, cols, seg)
     finish = _stores(nest, acc, n, ob, t, rows, cols)
     return seq(*head, *red, finish if seg is None else segment_end(acc, seg, finish))
