@@ -118,15 +118,26 @@ LITERAL = Literal()
 
 _TABLE: dict[int, tuple[weakref.ref[np.ndarray], Origin]] = {}
 _LOCK = threading.Lock()
+# Keys of arrays that died, dropped from _TABLE by the next caller holding _LOCK. A
+# weakref callback runs wherever the collector frees the array, which may be inside
+# `record` on this thread with _LOCK held (the tuple it builds starts a collection):
+# taking the lock there would deadlock.
+_DEAD: list[int] = []
 
 
 def _forget(key: int) -> Any:
     def drop(_ref: object) -> None:
-        with _LOCK:
-            entry = _TABLE.get(key)
-            if entry is not None and entry[0]() is None:
-                del _TABLE[key]
+        _DEAD.append(key)  # atomic; no lock (above)
     return drop
+
+
+def _purge() -> None:
+    """Drop the entries of dead arrays (`_DEAD`); the caller holds _LOCK."""
+    while _DEAD:
+        key = _DEAD.pop()
+        entry = _TABLE.get(key)
+        if entry is not None and entry[0]() is None:
+            del _TABLE[key]
 
 
 def record(data: np.ndarray, origin: Origin | None) -> np.ndarray:
@@ -140,6 +151,7 @@ def record(data: np.ndarray, origin: Origin | None) -> np.ndarray:
         origin = LITERAL  # depends on no weight: kept as compiled
     key = id(data)
     with _LOCK:
+        _purge()
         old = _TABLE.get(key)
         if isinstance(origin, Literal) and old is not None and old[0]() is data:
             return data
