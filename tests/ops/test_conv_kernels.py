@@ -403,6 +403,39 @@ def test_gemm_kernel_reads_a_partial_last_panel_in_place(target: str) -> None:
     _assert_gemm_without_workspace(native_target(target))
 
 
+# Two 1x1 layers over 24 and 40 channels into 13 (the residual read through flat views)
+# and a third over 24 again: one GEMM kernel taking the depth of its products at run time.
+GEMM_WIDTHS = [dict(x=(2, c, 4, 16), co=13, k=1, pads=(0, 0, 0, 0), tail=("Add", "Relu"))
+               for c in (24, 40, 24)]
+
+
+@pytest.mark.parametrize("target", NATIVE_TARGETS)
+def test_gemm_kernel_takes_the_input_width_at_run_time(target: str) -> None:
+    from kiln.kernels.conv.gemm import choose_tile, copies_panels
+    from kiln.kernels.conv.run_time_width import WIDTH_NAME
+    from kiln.ops.conv_geometry import ConvShape
+
+    checks = kernel_checks.KernelCases(model_of(GEMM_WIDTHS), GEMM_WIDTHS, TOL, RNG)
+    tgt = native_target(target)
+    ex = kiln.compile(from_onnx(checks.model), tgt)
+    checks.assert_close(list(ex(*checks.feeds.values())), checks.reference())
+    kernels = {name: f for name, f in ex.ir.functions.items()
+               if f.attrs.get("kiln.conv_kernel") == "conv2d_gemm"}
+    # where the rule copies the panels (AVX2's profile), the copy is sized by the width:
+    # a kernel per width
+    isa = isa_for(tgt)
+    shape = ConvShape(2, 24, 4, 16, 13, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), 1)
+    if copies_panels(shape, choose_tile(shape, isa), isa):
+        assert len(kernels) == 2 and not any(ATTR_ARG_DIMS in f.attrs
+                                             for f in kernels.values())
+        return
+    (name, f), = kernels.items()
+    assert f.attrs[ATTR_ARG_DIMS] == ((WIDTH_NAME, 0, 1),)
+    x, w = f.buffer_params[:2]
+    assert [x.shape[1].name, w.shape[1].name] == [WIDTH_NAME] * 2
+    assert print_func(ex.ir["main"]).count(f'"{name}"') == 3
+
+
 def test_gemm_kernel_partial_last_panel_compiles_for_avx512() -> None:
     # compile only (LLVM verifies the module): 63 positions are one whole panel of 32
     # lanes and a shifted partial one

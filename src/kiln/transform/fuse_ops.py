@@ -44,7 +44,7 @@ from typing import Any
 
 from kiln.ir import graph as g
 from kiln.ir.analysis.graph_uses import var_use_counts
-from kiln.ir.attrs import ATTR_PRIVATE
+from kiln.ir.attrs import ATTR_ARG_DIMS, ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimFunc
@@ -60,6 +60,7 @@ from kiln.transform.concat_tails import move_onto_concat_inputs
 from kiln.transform.fuse_rule import FUSABLE_TAIL, MAX_FUSED_OPS, closed, extends, pattern
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import Pass
+from kiln.transform.run_time_channels import RunTimeChannels, run_time_channels
 
 #: Binary ops whose operands a group's key takes in either order: IEEE addition and
 #: multiplication (and integer ones) give the same result either way.
@@ -93,12 +94,13 @@ def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[A
     groups = _groups(fn.bindings, var_use_counts(fn), max_group, _concat_pieces(fn))
     if not any(len(grp) > 1 for grp in groups):
         return fn
+    shared = _shared_channels(groups)
     bindings: list[g.Binding] = []
     for grp in groups:
         if len(grp) <= 1:
             bindings.extend(grp)
             continue
-        bindings.append(_fuse_group(grp, functions, cache, isa))
+        bindings.append(_fuse_group(grp, functions, cache, isa, shared))
     return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))
 
 
@@ -202,9 +204,27 @@ def _numel(t: object) -> int | None:
     return n
 
 
-def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
-                cache: dict[Any, str], isa: ISA) -> g.Binding:
+def _shared_channels(groups: list[list[g.Binding]]) -> frozenset[Any]:
+    """The keys over a run-time channel count (kiln.transform.run_time_channels) that
+    groups of different static operands share: only their kernels take the count at run
+    time (a group of its own keeps its static kernel)."""
+    seen: dict[Any, set[tuple[Any, ...]]] = {}
+    for grp in groups:
+        if len(grp) <= 1:
+            continue
+        _, externals, _, key_parts = _group_refs(grp)
+        wide = run_time_channels(grp, externals)
+        if wide is not None:
+            seen.setdefault((tuple(key_parts), wide.key), set()).add(
+                tuple(e.type for e in externals))
+    return frozenset(k for k, static in seen.items() if len(static) > 1)
 
+
+def _group_refs(group: list[g.Binding]) -> tuple[dict[int, int], list[g.Expr],
+                                                  dict[int, int], list[Any]]:
+    """The group's positions of its own values, its external operands (and their
+    positions), and its ops as a key: each op, its attributes and its arguments'
+    references (a group value's position or an operand's)."""
     inside = {id(b.var): k for k, b in enumerate(group)}
     externals: list[g.Expr] = []
     ext_index: dict[int, int] = {}
@@ -226,7 +246,20 @@ def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
             # way in the next two)
             refs.sort()
         key_parts.append((b.value.op, tuple(b.value.attrs.items()), tuple(refs)))
+    return inside, externals, ext_index, key_parts
+
+
+def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
+                cache: dict[Any, str], isa: ISA, shared: frozenset[Any] = frozenset()
+                ) -> g.Binding:
+
+    inside, externals, ext_index, key_parts = _group_refs(group)
     operands, width = _operand_key(group, externals, ext_index, isa)
+    wide = run_time_channels(group, externals) if shared and width is None else None
+    if wide is not None and (tuple(key_parts), wide.key) in shared:
+        operands = wide.key
+    else:
+        wide = None
     if width is not None:  # attributes that only say the width: its key stands for them
         anchor = _anchor(group)
         op, attrs, refs = key_parts[anchor]
@@ -241,7 +274,7 @@ def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
     if name is None:
         name = _unique(functions, "fused_" + "_".join(
             b.value.op for b in group if isinstance(b.value, g.Call)))
-        functions[name] = _lower_group(group, externals, inside, name, isa)
+        functions[name] = _lower_group(group, externals, inside, name, isa, wide)
         cache[key] = name
     last = group[-1]
     return g.Binding(last.var, g.CallTensor(name, tuple(externals), last.var.type))
@@ -317,10 +350,10 @@ def _anchor(group: list[g.Binding]) -> int:
 
 
 def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[int, int],
-                 name: str, isa: ISA) -> PrimFunc:
+                 name: str, isa: ISA, wide: RunTimeChannels | None = None) -> PrimFunc:
     placeholders = []
     for k, e in enumerate(externals):
-        t = e.type
+        t = e.type if wide is None else wide.types[k]
         assert isinstance(t, TensorType)
         placeholders.append(te.placeholder(t.shape, t.dtype, f"x{k}"))
     ext_pos = {id(e): k for k, e in enumerate(externals)}
@@ -342,16 +375,17 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
     # Hand-built kernels assume static shapes unless they say otherwise; the others take
     # the te definitions.
     static = all(is_static(e.type.shape) for e in externals if isinstance(e.type, TensorType))
-    if lowering is not None and (static or lowering.supports_symbolic):
+    arg_dims = {} if wide is None else {ATTR_ARG_DIMS: wide.dims}  # read at each call
+    if lowering is not None and (static or lowering.supports_symbolic or wide is not None):
         fused = lowering.lower_fused(placeholders, arguments[k], first.attrs, values[k],
                                      values[-1], name, isa)
         if fused is not None:  # hand-built kernels may leave the dim scalars to us
-            return te.with_dim_params(fused).with_attrs(**{ATTR_PRIVATE: True})
+            return te.with_dim_params(fused).with_attrs(**{ATTR_PRIVATE: True}, **arg_dims)
     if lowering is not None and not static and specialisation.active():
         with specialisation.naming(group[k].var):
             specialisation.note_lowering(first, lowering)
     prim: PrimFunc = te.lower(placeholders, [values[-1]], name)
-    return prim.with_attrs(**{ATTR_PRIVATE: True})
+    return prim.with_attrs(**{ATTR_PRIVATE: True}, **arg_dims)
 
 
 def _unique(functions: dict[str, BaseFunc], base: str) -> str:

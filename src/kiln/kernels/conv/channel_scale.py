@@ -25,8 +25,9 @@ from typing import Any
 
 from kiln.ir import graph as g
 from kiln.ir.analysis.vector_loops import MAX_LANES
-from kiln.ir.attrs import ATTR_CHANNEL_SCALE
+from kiln.ir.attrs import ATTR_CHANNEL_SCALE, ATTR_PARALLEL_DECIDED
 from kiln.ir.tensor import PrimExpr, PrimFunc, Stmt, Store, seq
+from kiln.ir.visitor import iter_nodes
 from kiln.kernels.conv.bf16_words import words_output, zero_border
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.gemm.bf16 import bf16_word
@@ -44,12 +45,13 @@ def scaled_operand(shapes: Sequence[Sequence[Any]], dtypes: Sequence[str]) -> in
     """Which operand (0 or 1) of a two-operand multiply is the `[N or 1, C, 1, 1]` (or
     `[C, 1, 1]`) channel scale of the other, a float32 static NCHW tensor; None when
     the call is no channel scale."""
-    if len(shapes) != 2 or any(d != "float32" for d in dtypes) or \
-            not all(_static(s) for s in shapes):
+    if len(shapes) != 2 or any(d != "float32" for d in dtypes):
         return None
     for k in (0, 1):
         x, s = tuple(shapes[1 - k]), tuple(shapes[k])
-        if len(x) != 4 or 0 in x or x[2] * x[3] < 2:
+        # the channels may be a run-time count (kiln.transform.run_time_channels): the
+        # scale's is then the same variable
+        if len(x) != 4 or not _static((x[0], *x[2:])) or 0 in x or x[2] * x[3] < 2:
             continue
         if s in ((x[0], x[1], 1, 1), (1, x[1], 1, 1), (x[1], 1, 1)):
             return k
@@ -63,11 +65,14 @@ class ChannelScale:
     supports_symbolic = False
     fuses_producers = False
 
+    run_time_channels = True  # its channel loop may be over a run-time count
+
     def builds(self, call: g.Call) -> bool:
-        """Whether `call` multiplies by a channel scale (`scaled_operand`)."""
-        types = [a.type for a in call.args]
-        return scaled_operand([getattr(t, "shape", ()) for t in types],
-                              [getattr(t, "dtype", "") for t in types]) is not None
+        """Whether `call` multiplies by a channel scale (`scaled_operand`) of static
+        shapes."""
+        shapes = [getattr(a.type, "shape", ()) for a in call.args]
+        return all(_static(s) for s in shapes) and scaled_operand(
+            shapes, [getattr(a.type, "dtype", "") for a in call.args]) is not None
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
                     attrs: Mapping[str, Any], anchor: te.Tensor | None,
@@ -78,16 +83,21 @@ class ChannelScale:
         if k is None or any(a not in params for a in args) or (
                 final is not None and final.dtype != "float32"):
             return None
-        return channel_scale_kernel(params, args[1 - k], args[k], anchor, result)
+        return channel_scale_kernel(params, args[1 - k], args[k], anchor, result, isa)
 
 
 def channel_scale_kernel(params: Sequence[te.Tensor], x: te.Tensor, scale: te.Tensor,
-                         anchor: te.Tensor | None, result: te.Tensor | None
+                         anchor: te.Tensor | None, result: te.Tensor | None, isa: ISA
                          ) -> PrimFunc | None:
     """`x * scale` (`scale` one value per channel) then the fused tail `result` over
     `anchor`, as a kernel over the parameters `params`; None when the tail cannot be
-    applied as a store."""
-    n, c, h, w = (int(d) for d in x.shape)
+    applied as a store. Over a run-time channel count (kiln.transform.run_time_channels)
+    the channels are split over the threads where the count at run time gives the work
+    the parallelize pass asks of a static nest (`parallel_when` in its unit, expression
+    nodes), each channel's rows on one thread, as that pass splits the static nest (left
+    to itself it would merge the rows into the split and find each row's channel by a
+    division)."""
+    n, c, h, w = int(x.shape[0]), x.shape[1], int(x.shape[2]), int(x.shape[3])
     store = fused_store(params, anchor, result, (n, c, h, w))
     if store is None:
         return None
@@ -104,8 +114,22 @@ def channel_scale_kernel(params: Sequence[te.Tensor], x: te.Tensor, scale: te.Te
             parts.append(lanes_loop("v", min(MAX_LANES, w - start), lane))
         return seq(*parts)
 
-    return PrimFunc((*(store.buffers[t] for t in params), store.out),
-                    nest(("n", "c", "h"), (n, c, h), row), {ATTR_CHANNEL_SCALE: True})
+    attrs: dict[str, Any] = {ATTR_CHANNEL_SCALE: True}
+    if isinstance(c, int):
+        body = nest(("n", "c", "h"), (n, c, h), row)
+    else:
+        zero = (const(0),) * 4  # one element's nodes: the pass's measure of work
+        nodes = 1 + sum(1 for _ in iter_nodes(Store(
+            store.out, store.epilogue(xb[zero] * sb[broadcast_index(zero, scale.shape)],
+                                      zero), zero)))
+
+        def image(ni: PrimExpr) -> Stmt:
+            return parallel_when(lambda: parallel_tiles((c,), lambda ci: loop(
+                "h", h, lambda hi: row(ni, ci, hi))), c * (h * w * nodes), "node", isa=isa)
+
+        body = image(const(0)) if n == 1 else loop("n", n, image)
+        attrs[ATTR_PARALLEL_DECIDED] = True
+    return PrimFunc((*(store.buffers[t] for t in params), store.out), body, attrs)
 
 
 CHANNEL_SCALE = ChannelScale()

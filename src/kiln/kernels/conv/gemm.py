@@ -18,15 +18,18 @@ stores and those loads stay vector operations (`FlatEpilogue`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, cast
 
 from kiln.ir import graph as g
+from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
     DeclBuffer,
     PrimExpr,
+    PrimFunc,
     Stmt,
     Store,
     Var,
@@ -35,7 +38,9 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
-from kiln.kernels.conv.family import UnpackedConv
+from kiln.ir.types import TensorType
+from kiln.kernels.conv.family import UnpackedConv, build_conv
+from kiln.kernels.conv.run_time_width import RunTimeWidth
 from kiln.kernels.flat_epilogue import FlatEpilogue
 from kiln.kernels.gemm.families import tile_candidates
 from kiln.kernels.gemm.knobs import GemmTiling
@@ -54,7 +59,9 @@ from kiln.kernels.tiles import (
     tile_lanes,
     tile_registers,
 )
+from kiln.ops.conv_direct import call_conv_shape
 from kiln.ops.conv_geometry import ConvShape, conv_call_shape
+from kiln.ops.packed_attrs import recorded_tile
 from kiln.target.isa import ISA
 
 # The share of a tile's lanes that must hold real output positions: the last panel's
@@ -329,11 +336,58 @@ def gemm_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
     return seq(*decls, *flat.decls, body)
 
 
+def gemm_run_time_width(shape: ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
+    """Whether the kernel of a layer of `shape` with `tile` takes its input channel count
+    at run time (kiln.kernels.conv.run_time_width): a static ungrouped 1x1 layer at
+    stride 1, unpadded, read in place (at least one panel of positions) without its
+    panels copied (`copies_panels`, sized by the count). The count is then only the
+    depth of the product: the tile, the panels and the stores do not depend on it."""
+    return (not shape.symbolic_image and shape.groups == 1 and (shape.kh, shape.kw) == (1, 1)
+            and shape.stride == (1, 1) and not any(shape.pads)
+            and shape.out_h * shape.out_w >= tile[1] and not copies_panels(shape, tile, isa))
+
+
 @dataclass(frozen=True)
 class GemmConv(UnpackedConv):
     """See the module docstring."""
 
     symbolic_image: ClassVar[bool] = True
+
+    def width_key(self, call: g.Call, isa: ISA) -> Hashable | None:
+        """What a kernel of `call` over a run-time input channel count
+        (`gemm_run_time_width`) is built from besides that count: the geometry without
+        it and the tile; None: a kernel of its own. Calls with the same key, fused ops
+        and other operands share one kernel (kiln.transform.fuse_ops)."""
+        if call.op != self.op:
+            return None
+        types = [a.type for a in call.args]
+        tensors = [t for t in types if isinstance(t, TensorType) and is_static(t.shape)]
+        if len(tensors) != len(types) or tensors[0].ndim != 4:
+            return None
+        shape = call_conv_shape(self.op, tensors, call.attrs)
+        tile = recorded_tile(call.attrs, 2, self.op)
+        if shape is None or tile is None or not gemm_run_time_width(
+                shape, (tile[0], tile[1]), isa):
+            return None
+        return "gemm", replace(shape, c_in=0), tile
+
+    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+        tile = recorded_tile(attrs, 2, self.op)
+
+        def body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
+                 epilogue: Epilogue, fused: bool, block: int) -> Stmt | RunTimeWidth:
+            a, b = t or choose_tile(shape, isa)
+            if not gemm_run_time_width(shape, (a, b), isa):
+                return self.loop_nest(shape, x, w, out, (a, b), epilogue, fused, isa)
+
+            def nest(shape: ConvShape, x: Buffer, w: Buffer) -> Stmt:
+                return gemm_conv_body(shape, x, w, out, (a, b), epilogue, fused, isa=isa)
+
+            return RunTimeWidth(shape, nest, w_axis=1)
+
+        return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body,
+                          self.symbolic_image)
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
         shape = conv_call_shape(call, symbolic_image=True)

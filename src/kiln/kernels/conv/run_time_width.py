@@ -18,6 +18,9 @@ weight's `ci` is `b` times it: there any kernel size, stride and padding qualifi
 padded input's workspace is allocated at the run-time size), so ResNet's 3x3 layers
 of one output count and image size share a kernel whatever their input width.
 
+The GEMM family's 1x1 layers read in place (kiln.kernels.conv.gemm, its OIHW weight's
+`ci` at axis 1) take the count the same way: it is the depth of their products.
+
 `pointwise_body` at stride 1 over whole tiles of output channels may take its output
 channel tiles (`TILES_NAME`, the packed weight's axis 1) and its image's height and
 width (`HEIGHT_NAME`, `IMAGE_WIDTH_NAME`, the input's axes 2 and 3) at run time too
@@ -97,6 +100,7 @@ class RunTimeWidth:
     nest: Callable[[ConvShape, Buffer, Buffer], Stmt]
     block: int = 0  # the NCHW{b}c input's block: the variable counts blocks; 0: NCHW
     tiles: RunTimeTiles | None = None
+    w_axis: int = W_AXIS  # the weight's input channel axis (an OIHW weight's: 1)
 
     def build(self, x: Buffer, w: Buffer, others: tuple[Buffer, ...] = (),
               bias: Buffer | None = None) -> tuple[Stmt, Widened | None]:
@@ -106,7 +110,8 @@ class RunTimeWidth:
         var = Var(WIDTH_NAME, INDEX_DTYPE)
         ci = var * self.block if self.block else var
         x2 = Buffer(x.name, (*x.shape[:X_AXIS], var, *x.shape[X_AXIS + 1:]), x.dtype, x.scope)
-        w2 = Buffer(w.name, (*w.shape[:W_AXIS], ci, *w.shape[W_AXIS + 1:]), w.dtype, w.scope)
+        axis = self.w_axis
+        w2 = Buffer(w.name, (*w.shape[:axis], ci, *w.shape[axis + 1:]), w.dtype, w.scope)
         buffers = {x: x2, w: w2}
         dims: tuple[tuple[str, Buffer, int], ...] = ((WIDTH_NAME, x, X_AXIS),)
         if self.tiles is None:

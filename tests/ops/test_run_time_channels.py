@@ -1,0 +1,110 @@
+"""Elementwise kernels over a run-time channel count (kiln.transform.run_time_channels)
+against onnxruntime.
+
+Three branches apply a BatchNorm-like scale, shift and ReLU (`Mul`, `Add` by per-channel
+constants, `Relu`: the NCHW channel-scale kernel, kiln.kernels.conv.channel_scale) at
+12x12 over 16, 40 and 72 channels: one kernel, called with each count. Two more add a
+per-channel constant, take the sigmoid and multiply by a second input (the
+tensor-expression kernel) over 24 and 56 channels at 5x7: a second shared kernel. A
+last one adds and takes the tanh over 8 channels, a group of its own: its kernel stays
+static. Batch 2; llvm, llvm on the AVX2 path and c, in this process and in a fresh one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kernel_checks
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.driver.compiler import lower_for_codegen
+from kiln.frontend import from_onnx
+from kiln.ir.attrs import ATTR_ARG_DIMS
+from kiln.ir.printer import print_func
+from kiln.target import Target
+from kiln.transform.run_time_channels import CHANNELS_NAME
+from support.processes import outputs_in_fresh_process
+
+TOL = 1e-5
+RNG = np.random.default_rng(11)
+SCALED = (("a", 16), ("b", 40), ("c", 72))
+GATED = (("d", 24), ("e", 56))
+ALONE = ("f", 8)
+
+
+def build_model() -> onnx.ModelProto:
+    inits: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+    inputs = []
+
+    def per_channel(name: str, channels: int) -> str:
+        inits.append(numpy_helper.from_array(
+            RNG.normal(0, 1, (channels, 1, 1)).astype(np.float32), name))
+        return name
+
+    def given(name: str, shape: list[int]) -> str:
+        inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+        return name
+
+    for name, c in SCALED:
+        x = given(name, [2, c, 12, 12])
+        nodes += [helper.make_node("Mul", [x, per_channel(name + "_s", c)], [name + "m"]),
+                  helper.make_node("Add", [name + "m", per_channel(name + "_t", c)],
+                                   [name + "t"]),
+                  helper.make_node("Relu", [name + "t"], [name + "o"])]
+    for name, c in GATED:
+        x, y = given(name, [2, c, 5, 7]), given(name + "y", [2, c, 5, 7])
+        nodes += [helper.make_node("Add", [x, per_channel(name + "_b", c)], [name + "a"]),
+                  helper.make_node("Sigmoid", [name + "a"], [name + "s"]),
+                  helper.make_node("Mul", [name + "s", y], [name + "o"])]
+    name, c = ALONE
+    x = given(name, [2, c, 6, 6])
+    nodes += [helper.make_node("Add", [x, per_channel(name + "_b", c)], [name + "a"]),
+              helper.make_node("Tanh", [name + "a"], [name + "o"])]
+    outputs = [helper.make_tensor_value_info(n + "o", TensorProto.FLOAT, None)
+               for n, _ in (*SCALED, *GATED, ALONE)]
+    return kernel_checks.branches_model("channels", nodes, inputs, outputs, inits)
+
+
+MODEL = build_model()
+CASES = [f"{kind} over {c} channels" for kind, group in
+         (("scale", SCALED), ("gate", GATED), ("alone", (ALONE,))) for _, c in group]
+CHECKS = kernel_checks.KernelCases(MODEL, CASES, TOL, RNG)
+FEEDS, assert_close = CHECKS.feeds, CHECKS.assert_close
+native, reference = CHECKS.native_fixture(), CHECKS.reference_fixture()
+
+
+def test_matches_onnxruntime(native: kiln.driver.Executable,
+                             reference: list[np.ndarray]) -> None:
+    assert_close(list(native(*FEEDS.values())), reference)
+
+
+def test_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
+                            reference: list[np.ndarray]) -> None:
+    assert_close(outputs_in_fresh_process(native, FEEDS, tmp_path, 2), reference)
+
+
+def test_widths_share_a_kernel() -> None:
+    lowered = lower_for_codegen(from_onnx(MODEL), Target("llvm -mcpu=znver4"))
+    main = print_func(lowered["main"])
+    kernels = {name: f for name, f in lowered.functions.items()
+               if name.startswith("fused_") and "parallel" not in name}
+    calls = {name: main.count(f'"{name}"') for name in kernels}
+    shared = sorted((name for name, f in kernels.items() if ATTR_ARG_DIMS in f.attrs),
+                    key=lambda name: calls[name])
+    assert [calls[name] for name in shared] == [2, 3]
+    for name in shared:
+        f = kernels[name]
+        assert f.attrs[ATTR_ARG_DIMS] == ((CHANNELS_NAME, 0, 1),)
+        assert f.params[-1].name == CHANNELS_NAME
+        out = f.buffer_params[-1]
+        assert out.shape[1].name == CHANNELS_NAME and out.shape[2:] != ()
+        assert all(isinstance(d, int) for d in out.shape[2:])  # the image stays static
+    assert f.attrs.get("kiln.channel_scale")  # the three scale groups: the hand kernel
+    # the group of its own keeps its static kernel
+    alone = [name for name in kernels if name not in shared]
+    assert [calls[name] for name in alone] == [1]
+    assert all(isinstance(d, int) for d in kernels[alone[0]].buffer_params[-1].shape)
