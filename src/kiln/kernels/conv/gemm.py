@@ -43,7 +43,7 @@ from kiln.kernels.conv.family import UnpackedConv, build_conv
 from kiln.kernels.conv.run_time_width import RunTimeWidth
 from kiln.kernels.flat_epilogue import FlatEpilogue
 from kiln.kernels.gemm.families import tile_candidates
-from kiln.kernels.gemm.knobs import GemmTiling
+from kiln.kernels.gemm.knobs import GemmTiling, k_block_caches, k_unroll
 from kiln.kernels.gemm.loop_nest import gemm_body
 from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling
 from kiln.kernels.gemm.schedule import GemmSchedule
@@ -340,8 +340,11 @@ def gemm_run_time_width(shape: ConvShape, tile: tuple[int, int], isa: ISA) -> bo
     """Whether the kernel of a layer of `shape` with `tile` takes its input channel count
     at run time (kiln.kernels.conv.run_time_width): a static ungrouped 1x1 layer at
     stride 1, unpadded, read in place (at least one panel of positions) without its
-    panels copied (`copies_panels`, sized by the count). The count is then only the
+    panels copied (`copies_panels`, sized by the count), built without a tuning knob
+    that needs a static depth (`k_unroll`, `k_blocking`). The count is then only the
     depth of the product: the tile, the panels and the stores do not depend on it."""
+    if k_unroll() not in (None, 1) or k_block_caches() is not None:
+        return False
     return (not shape.symbolic_image and shape.groups == 1 and (shape.kh, shape.kw) == (1, 1)
             and shape.stride == (1, 1) and not any(shape.pads)
             and shape.out_h * shape.out_w >= tile[1] and not copies_panels(shape, tile, isa))
