@@ -11,9 +11,7 @@ from typing import Any
 
 from kiln.errors import IRError
 from kiln.ir import graph as g
-from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
-from kiln.ir.types import TensorType
 from kiln.kernels.conv.blocked import (
     BlockedSchedule,
     Tiling,
@@ -23,14 +21,14 @@ from kiln.kernels.conv.blocked import (
     pack_blocked_weight,
     subsamples,
 )
-from kiln.kernels.conv.family import TUNED_WIDTHS, build_conv, packed_call
+from kiln.kernels.conv.family import TUNED_WIDTHS, build_conv, packed_call, static_call_shape
 from kiln.kernels.conv.ksegments import ConvKBlocking
 from kiln.kernels.conv.padding import padded_image_bytes
 from kiln.kernels.conv.run_time_width import RunTimeTiles, RunTimeWidth
 from kiln.kernels.gemm.knobs import k_unroll
 from kiln.kernels.registry import KBLOCK, SPLIT, UNROLL, Family, fits_registers
 from kiln.kernels.tiles import Epilogue, tile_lanes, tile_registers
-from kiln.ops.conv_direct import KSEGMENT, TUNED_SEGMENTS, call_conv_shape
+from kiln.ops.conv_direct import KSEGMENT, TUNED_SEGMENTS
 from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.packed_attrs import recorded_tile
 from kiln.target.isa import ISA
@@ -326,16 +324,11 @@ class DirectConv(Family):
         count left out, and its schedule), or None: a kernel of its own. Calls with the
         same key, fused ops and other operands share one kernel. A tuned call (its
         tile aside) keeps its own."""
-        if call.op != self.op or any(k in call.attrs for k in TUNED_ATTRS):
+        static = static_call_shape(self.op, call, 4)
+        if static is None or any(k in call.attrs for k in TUNED_ATTRS):
             return None
-        types = [a.type for a in call.args]
-        tensors = [t for t in types if isinstance(t, TensorType) and is_static(t.shape)]
-        if len(tensors) != len(types) or len(tensors[0].shape) != 4:
-            return None
-        shape = call_conv_shape(self.op, tensors, call.attrs)
+        tensors, shape = static
         tile = recorded_tile(call.attrs, 2, self.op) or ()
-        if shape is None:
-            return None
         cb = tensors[1].shape[5]
         assert isinstance(cb, int)  # static (above)
         schedule = blocked_schedule(shape, (cb, *tile[1:]), isa.fma, 0, isa)

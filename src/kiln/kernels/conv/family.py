@@ -14,7 +14,9 @@ from typing import Any, ClassVar
 from kiln.ir import graph as g
 from kiln.ir import weight_origin as wo
 from kiln.ir.attrs import ATTR_ARG_DIMS, ATTR_CONV_KERNEL, ATTR_NO_SLP
+from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt
+from kiln.ir.types import TensorType
 from kiln.kernels.conv.run_time_width import RunTimeWidth
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.registry import Family
@@ -59,6 +61,21 @@ def packed_call(op: str, call: g.Call, packed: Any, tile: tuple[int, ...],
     if channels is not None:
         attrs["channels"] = channels
     return g.Call(op, tuple(args), g.freeze_attrs(attrs), call.ret_type)
+
+
+def static_call_shape(op: str, call: g.Call, ndim: int
+                      ) -> tuple[list[TensorType], ConvShape] | None:
+    """The operand types and geometry of a call of `op` whose operands are all static
+    tensors, its input of `ndim` dims (what a family's `width_key` starts from); None
+    for any other call."""
+    if call.op != op:
+        return None
+    types = [a.type for a in call.args]
+    tensors = [t for t in types if isinstance(t, TensorType) and is_static(t.shape)]
+    if len(tensors) != len(types) or tensors[0].ndim != ndim:
+        return None
+    shape = cd.call_conv_shape(op, tensors, call.attrs)
+    return None if shape is None else (tensors, shape)
 
 
 def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],

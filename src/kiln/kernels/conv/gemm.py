@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, cast
 
 from kiln.ir import graph as g
-from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
@@ -38,8 +37,7 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
-from kiln.ir.types import TensorType
-from kiln.kernels.conv.family import UnpackedConv, build_conv
+from kiln.kernels.conv.family import UnpackedConv, build_conv, static_call_shape
 from kiln.kernels.conv.run_time_width import RunTimeWidth
 from kiln.kernels.flat_epilogue import FlatEpilogue
 from kiln.kernels.gemm.families import tile_candidates
@@ -59,7 +57,6 @@ from kiln.kernels.tiles import (
     tile_lanes,
     tile_registers,
 )
-from kiln.ops.conv_direct import call_conv_shape
 from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.packed_attrs import recorded_tile
 from kiln.target.isa import ISA
@@ -361,18 +358,12 @@ class GemmConv(UnpackedConv):
         (`gemm_run_time_width`) is built from besides that count: the geometry without
         it and the tile; None: a kernel of its own. Calls with the same key, fused ops
         and other operands share one kernel (kiln.transform.fuse_ops)."""
-        if call.op != self.op:
-            return None
-        types = [a.type for a in call.args]
-        tensors = [t for t in types if isinstance(t, TensorType) and is_static(t.shape)]
-        if len(tensors) != len(types) or tensors[0].ndim != 4:
-            return None
-        shape = call_conv_shape(self.op, tensors, call.attrs)
+        static = static_call_shape(self.op, call, 4)
         tile = recorded_tile(call.attrs, 2, self.op)
-        if shape is None or tile is None or not gemm_run_time_width(
-                shape, (tile[0], tile[1]), isa):
+        if static is None or tile is None or not gemm_run_time_width(
+                static[1], (tile[0], tile[1]), isa):
             return None
-        return "gemm", replace(shape, c_in=0), tile
+        return "gemm", replace(static[1], c_in=0), tile
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:

@@ -19,7 +19,6 @@ import numpy as np
 
 from kiln.ir import graph as g
 from kiln.ir import weight_origin as wo
-from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ir.types import TensorType
 from kiln.kernels.conv.blocked import (
@@ -40,7 +39,7 @@ from kiln.kernels.conv.direct import (
     last_tile,
     nchwc_run_time_width,
 )
-from kiln.kernels.conv.family import build_conv
+from kiln.kernels.conv.family import build_conv, static_call_shape
 from kiln.kernels.conv.ksegments import ConvKBlocking
 from kiln.kernels.conv.pointwise import PointwiseSchedule, pointwise_body
 from kiln.kernels.conv.run_time_width import RunTimeTiles, RunTimeWidth, TilesKey
@@ -316,17 +315,14 @@ class NchwcConv(DirectConv):
         (`pointwise_run_time_tiles`, or on the blocked kernel
         kiln.kernels.conv.direct.blocked_run_time_tiles): the geometry without them, the
         schedule and the positions of the last tile."""
-        if call.op != self.op or any(k in call.attrs for k in TUNED_ATTRS):
+        static = static_call_shape(self.op, call, 5)
+        if static is None or any(k in call.attrs for k in TUNED_ATTRS):
             return None
-        types = [a.type for a in call.args]
-        tensors = [t for t in types if isinstance(t, TensorType) and is_static(t.shape)]
-        if len(tensors) != len(types) or tensors[0].ndim != 5:
-            return None
-        shape = call_conv_shape(self.op, tensors, call.attrs)
+        tensors, shape = static
         block = nchwc_block(tensors[0].shape, call.attrs)
         cb = tensors[1].shape[5]
         assert isinstance(cb, int)  # static (above)
-        if shape is None or cb % block:
+        if cb % block:
             return None
         tile = recorded_tile(call.attrs, 2, self.op) or ()
         if pointwise_body_isa(isa) and tile and takes_pointwise(shape, block):
