@@ -75,6 +75,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import kiln
 from kiln import __version__
 from kiln.artifact import Artifact, ArtifactSet
@@ -332,6 +334,24 @@ def _read_checked(path: Path) -> bytes:
         os.close(fd)
 
 
+def _read_aligned(path: Path, align: int) -> memoryview:
+    """`_read_checked`'s bytes, read-only, starting at a multiple of `align` in memory:
+    a constants object the jit's kernels read where it lies (kiln.runtime.jit_constants)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        st = os.fstat(fd)
+        _check_trusted(st, path, str(path))
+        raw = np.empty(st.st_size + align, np.uint8)
+        start = -raw.ctypes.data % align
+        view = raw[start:start + st.st_size].data.cast("B")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            if f.readinto(view) != st.st_size or f.read(1):
+                raise FormatError(f"{path} changed size while it was read")
+        return view.toreadonly()
+    finally:
+        os.close(fd)
+
+
 def _check_trusted(st: os.stat_result, path: Path, what: str) -> None:
     """FormatError naming `what` unless `st` (of `path`) is a regular file; _Unsafe
     (warned) unless we may trust it."""
@@ -425,7 +445,7 @@ def store_object_async(name: Callable[[], str], size: int,
     return thread
 
 
-def _check_object(name: str, data: bytes, chunks: tuple[int, bytes] | None) -> None:
+def _check_object(name: str, data: bytes | memoryview, chunks: tuple[int, bytes] | None) -> None:
     if chunks is not None:
         verify(data, chunks[1], chunks[0], f"cache object {name}")
     elif hashlib.sha256(data).hexdigest() != name:
@@ -499,7 +519,11 @@ def _lookup(key: str) -> ArtifactSet | None:
         artifacts = ArtifactSet()
         for item in entry["artifacts"]:
             name = str(item["object"])
-            data = _read_checked(object_path(name))
+            align = item["metadata"].get("align") if item.get("chunk_size") is not None else None
+            data: bytes | memoryview = (
+                _read_aligned(object_path(name), align)
+                if isinstance(align, int) and 1 < align <= 4096 and not align & (align - 1)
+                else _read_checked(object_path(name)))
             chunks = None
             if item.get("chunk_size") is not None:
                 chunks = (int(item["chunk_size"]), bytes.fromhex(item["metadata"]["chunk_sha256"]))

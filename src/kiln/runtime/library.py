@@ -77,6 +77,8 @@ BLOB_ALIGN = 16
 LARGE_PAGE_DATA_BYTES = 16 << 20
 
 FCompile = Callable[[Path, list[Path], Sequence[str]], None]
+# Writes the data a linked `.so` only reserved (the library, its LinkedData records).
+FillData = Callable[[Path, Sequence["LinkedData"]], None]
 
 
 def export_library(
@@ -85,6 +87,7 @@ def export_library(
     workspace_dir: str | os.PathLike[str] | None = None, cc: Any = None,
     options: Sequence[str] | None = None, weights: str = "embedded",
     weights_path: str | os.PathLike[str] | None = None, weights_check: bool = True,
+    fill: FillData | None = None,
 ) -> Path:
     """Write `artifacts` as the library `file_name`; the suffix picks the kind.
 
@@ -163,7 +166,10 @@ def export_library(
                                        libs=native.native_libs(native_arts),
                                        options=LINK_OPTIONS)
                     if deferred:
-                        fill_linked_data(tmp, prefix, deferred)
+                        if fill is not None:
+                            fill(tmp, deferred)
+                        else:
+                            fill_linked_data(tmp, prefix, deferred)
         else:
             header = path.with_suffix(".h")
             with _atomic(path, 0o644) as tmp_a, _atomic(header, 0o644) as tmp_h:
@@ -382,28 +388,36 @@ def fill_linked_data(library: Path, prefix: str, deferred: Sequence[LinkedData])
     offsets from the `{prefix}_blob` symbol (checked against the data symbols'
     addresses where the library keeps its symbol table)."""
 
-    path = os.fspath(library)
     block = _host_large_page()
     with open(library, "r+b") as f:
-        sym = find_blob_symbol(f, path, prefix=prefix)
-        table = {s.name: s.value for s in read_symbols(f.fileno(), path, (SHT_SYMTAB,)).symbols}
-        blob_at = table.get(sym.name)
-        items = []
-        for item in deferred:
-            start = sym.file_offset + item.offset
-            placed = table.get(item.symbol)
-            if start + len(item.content) > sym.section_end or (
-                    blob_at is not None and placed is not None and
-                    placed - blob_at != item.offset):
-                raise ExportError(f"{library.name}: the linker did not place '{item.symbol}' "
-                                  f"{item.offset} bytes after '{sym.name}' in section "
-                                  f"{sym.section}; cannot write the linked data")
-            items.append((start, item.content))
+        items = linked_places(f, library, prefix, deferred)
         if fill_mapped(f.fileno(), items, block):
             return
         for start, content in items:  # where the file cannot be mapped or reserved
             f.seek(start)
             write_content_in_blocks(f, content, block)
+
+
+def linked_places(f: Any, library: Path, prefix: str, deferred: Sequence[LinkedData]
+                  ) -> list[tuple[int, Content]]:
+    """(file offset, bytes) of each of `deferred` in the linked `library` (open as `f`);
+    ExportError where the linker did not place a data symbol where the blob says."""
+    path = os.fspath(library)
+    sym = find_blob_symbol(f, path, prefix=prefix)
+    table = {s.name: s.value for s in read_symbols(f.fileno(), path, (SHT_SYMTAB,)).symbols}
+    blob_at = table.get(sym.name)
+    items: list[tuple[int, Content]] = []
+    for item in deferred:
+        start = sym.file_offset + item.offset
+        placed = table.get(item.symbol)
+        if start + len(item.content) > sym.section_end or (
+                blob_at is not None and placed is not None and
+                placed - blob_at != item.offset):
+            raise ExportError(f"{library.name}: the linker did not place '{item.symbol}' "
+                              f"{item.offset} bytes after '{sym.name}' in section "
+                              f"{sym.section}; cannot write the linked data")
+        items.append((start, item.content))
+    return items
 
 
 def _host_large_page() -> int:

@@ -36,6 +36,7 @@ from kiln.artifact.artifact import NATIVE, NONE, AnyArtifact, Artifact, Artifact
 from kiln.artifact.blob import HEADER_SIZE, BlobContents, blob_length, unpack
 from kiln.artifact.elf import host_machine, machine_name
 from kiln.errors import ArgumentTypeError, FormatError, MissingFileError, UsageError
+from kiln.runtime import jit_constants
 from kiln.runtime.blob_view import BlobView
 from kiln.runtime.cpu_features import check_library
 from kiln.runtime.dynsym import BlobSymbol, find_blob_symbol
@@ -165,8 +166,13 @@ def load_artifacts(
         try:
             so_path = Path(load_dir) / "lib.so"
             build_dir = Path(load_dir) / "build"
+            # The constants the kernels can read where they lie are not written (a hole),
+            # unless the library is kept (`workspace_dir`): a file to be used elsewhere.
+            in_place = jit_constants.plan(list(stored), prefix) if workspace_dir is None \
+                else None
             export_library(stored, meta, so_path, prefix=prefix, workspace_dir=build_dir, cc=cc,
-                           fcompile=fcompile, weights_check=False)  # never checked, below
+                           fcompile=fcompile, weights_check=False,  # never checked, below
+                           fill=None if in_place is None else in_place.fill)
             if workspace_dir is None:
                 shutil.rmtree(build_dir, ignore_errors=True)
             # Just linked from artifacts in memory: nothing to check the weights against.
@@ -174,6 +180,12 @@ def load_artifacts(
                 so_path, prefix=prefix,
                 cleanup_dir=load_dir if workspace_dir is None else None, verify_weights=False,
                 num_threads=num_threads)
+            if in_place is not None:
+                try:
+                    jit_constants.attach(root, in_place)
+                except BaseException:
+                    root.close()
+                    raise
         except BaseException:
             if workspace_dir is None:
                 remove_private_dir(load_dir)

@@ -74,6 +74,24 @@ def checked_table(entries: Any, size: int, where: str) -> list[list[int]]:
     return entries
 
 
+def table_slots(lib: Any, count: int) -> tuple[Any, list[int]]:
+    """`lib`'s table of constant addresses (`{prefix}_const_slots`, a ctypes array of
+    `count` pointers) and each slot's first value (the constant in the library's own
+    region); FormatError when the library has no table or one of another length."""
+    try:
+        slots_fn = ctypes_abi.bind(lib.cdll, slots_symbol(lib.prefix), "const_slots")
+    except AttributeError:
+        raise FormatError(f"{lib.path}: its constants metadata lists a table but the library "
+                          f"exports no {slots_symbol(lib.prefix)}") from None
+    found = ctypes.c_uint32(0)
+    address = slots_fn(ctypes.byref(found))
+    if not address or found.value != count:
+        raise FormatError(f"{lib.path}: its constant table holds {found.value} slots, its "
+                          f"metadata {count}")
+    slots = (ctypes.c_void_p * count).from_address(address)
+    return slots, [int(slots[i] or 0) for i in range(count)]
+
+
 def _table_entries(artifacts: Sequence[Any], symbol: str) -> Any:
     return next((a.metadata["table"] for a in artifacts
                  if getattr(a, "metadata", {}).get("symbol") == symbol
@@ -93,18 +111,7 @@ def attach_table(lib: LibraryModule, shared: SharedWeights, entry: Mapping[str, 
     if entries is None or tensor is None:
         return None
     entries = checked_table(entries, tensor.size, str(lib.path))
-    try:
-        slots_fn = ctypes_abi.bind(lib.cdll, slots_symbol(lib.prefix), "const_slots")
-    except AttributeError:
-        raise FormatError(f"{lib.path}: its constants metadata lists a table but the library "
-                          f"exports no {slots_symbol(lib.prefix)}") from None
-    count = ctypes.c_uint32(0)
-    address = slots_fn(ctypes.byref(count))
-    if not address or count.value != len(entries):
-        raise FormatError(f"{lib.path}: its constant table holds {count.value} slots, its "
-                          f"metadata {len(entries)}")
-    slots = (ctypes.c_void_p * len(entries)).from_address(address)
-    home = [int(slots[i] or 0) for i in range(len(entries))]
+    slots, home = table_slots(lib, len(entries))
     me = Tabled(weakref.ref(lib), slots, home, [n for _o, n in entries], shared,
                 {tensor.offset + o: i for i, (o, _n) in enumerate(entries)})
     runs = [(r.start, r.length, r.source, r.offset) for r in lent if r.tensor == name]
@@ -239,5 +246,5 @@ class BorrowingCheck(CheckOnce):
 
 
 __all__ = ["BorrowingCheck", "Tabled", "attach_table", "before_swap", "checked_table",
-           "drop_own_pages",
-           "slots_symbol", "tabled", "unshare", "unshare_borrowers"]
+           "drop_own_pages", "slots_symbol", "table_slots", "tabled", "unshare",
+           "unshare_borrowers"]

@@ -45,6 +45,7 @@ import numpy as np
 from kiln.artifact.elf import SHT_SYMTAB, read_symbols
 from kiln.errors import ArgumentTypeError, FormatError, UsageError
 from kiln.runtime import ctypes_abi
+from kiln.runtime.jit_constants import reclaim
 from kiln.runtime.libc import libc_function
 from kiln.runtime.onnx_weights import read_onnx_weights
 from kiln.runtime.page_advice import MADVISE
@@ -365,7 +366,9 @@ def swap_weights(module: Module, source: Any) -> None:
     if problems:
         raise UsageError(f"{lib.path}: swap_weights: the weights do not fit the library: "
                          + "; ".join(problems))
-    # Nobody reads these constants through another library, or this one's, from now on.
+    # Nobody reads these constants through another library, or this one's, from now on;
+    # a jit library reads its own, no longer the compiler's arrays.
+    reclaim(lib)
     before_swap(lib)
     entry = native_entry(lib)
     if entry is not None:
