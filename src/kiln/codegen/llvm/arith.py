@@ -24,7 +24,7 @@ numpy, so no input traps or yields poison:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from llvmlite import ir
@@ -91,22 +91,64 @@ def _float_kind(dtype: str) -> str:
 BinaryEmitter = Callable[[MathContext, ir.IRBuilder, str, ir.Value, ir.Value], ir.Value]
 
 
+def _int_constant(v: ir.Value) -> int | None:
+    """The value of an integer constant operand (not a vector, not undef), else None."""
+    if isinstance(v, ir.Constant) and isinstance(v.type, ir.IntType) \
+            and isinstance(v.constant, int) and not isinstance(v.constant, bool):
+        return v.constant
+    return None
+
+
+def folded_int(op: str, x: ir.Value, y: ir.Value) -> ir.Value | None:
+    """`x op y` ("add", "sub", "mul") of two integers without an instruction where
+    the answer is known here: both constants (wrapped to the type's width, as the
+    instruction would), or `x + 0`, `0 + x`, `x - 0`, `x * 1`, `1 * x`. None otherwise.
+    The lowering's index arithmetic is full of these (a tile's constant rows, a loop's
+    first iteration); left to LLVM, they only make the IR longer to parse and combine."""
+    a, c = _int_constant(x), _int_constant(y)
+    if a is not None and c is not None:
+        value = a + c if op == "add" else a - c if op == "sub" else a * c
+        width = x.type.width
+        value &= (1 << width) - 1
+        if width > 1 and value >= 1 << (width - 1):
+            value -= 1 << width
+        return ir.Constant(x.type, value)
+    if (c == 0 and op in ("add", "sub")) or (c == 1 and op == "mul"):
+        return x
+    if (a == 0 and op == "add") or (a == 1 and op == "mul"):
+        return y
+    return None
+
+
+def int_add(b: ir.IRBuilder, x: ir.Value, y: ir.Value, flags: Sequence[str] = ()) -> ir.Value:
+    """`add` of two integers, folded where `folded_int` knows the answer."""
+    folded = folded_int("add", x, y)
+    return folded if folded is not None else b.add(x, y, flags=list(flags))
+
+
+def int_mul(b: ir.IRBuilder, x: ir.Value, y: ir.Value, flags: Sequence[str] = ()) -> ir.Value:
+    """`mul` of two integers, folded where `folded_int` knows the answer."""
+    folded = folded_int("mul", x, y)
+    return folded if folded is not None else b.mul(x, y, flags=list(flags))
+
+
 def _add(cx: MathContext, b: ir.IRBuilder, dtype: str, x: ir.Value, y: ir.Value) -> ir.Value:
     if dt.is_float(dtype):
         return b.fadd(x, y, flags=cx.fastmath)
-    return b.add(x, y)
+    return int_add(b, x, y)
 
 
 def _sub(cx: MathContext, b: ir.IRBuilder, dtype: str, x: ir.Value, y: ir.Value) -> ir.Value:
     if dt.is_float(dtype):
         return b.fsub(x, y, flags=cx.fastmath)
-    return b.sub(x, y)
+    folded = folded_int("sub", x, y)
+    return folded if folded is not None else b.sub(x, y)
 
 
 def _mul(cx: MathContext, b: ir.IRBuilder, dtype: str, x: ir.Value, y: ir.Value) -> ir.Value:
     if dt.is_float(dtype):
         return b.fmul(x, y, flags=cx.fastmath)
-    return b.mul(x, y)
+    return int_mul(b, x, y)
 
 
 def _safe_divisor(b: ir.IRBuilder, dtype: str, y: ir.Value) -> tuple[ir.Value, ir.Value]:

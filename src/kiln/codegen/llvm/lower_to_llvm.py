@@ -669,8 +669,8 @@ class FunctionLowering:
             return base
         flat = self.index_i64(indices[0])
         for dim, idx in zip(buf.shape[1:], indices[1:]):
-            flat = self.b.add(self.b.mul(flat, self.dim_i64(dim), flags=["nsw"]),
-                              self.index_i64(idx), flags=["nsw"])
+            flat = arith.int_add(self.b, arith.int_mul(self.b, flat, self.dim_i64(dim), ["nsw"]),
+                                 self.index_i64(idx), ["nsw"])
         return self.b.gep(base, [flat], inbounds=True, source_etype=storage_type(buf.dtype))
 
     def byte_size(self, buf: Buffer) -> tuple[ir.Value, ir.Value]:
@@ -900,7 +900,7 @@ def _for(fl: FunctionLowering, s: For) -> None:
         return
     b = fl.b
     start = fl.expr(s.start)
-    end = b.add(start, fl.expr(s.extent))
+    end = arith.int_add(b, start, fl.expr(s.extent))
     pre = b.block
     var = c_identifier(s.var.name)  # value names: kiln.escape spells them
     header = b.append_basic_block(f"for.{var}")
