@@ -70,13 +70,16 @@ def jit(ex: Any, artifacts: ArtifactSet, **kwargs: Any) -> Any:
     return load_artifacts(artifacts, metadata=ex.metadata, prefix=ex.prefix, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("jit_constants")
-    ex = kiln.compile(model(), "llvm")
+@pytest.fixture(scope="module", params=["llvm", "c"])
+def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+          ) -> dict[str, Any]:
+    """The model built by codegen `request.param` (both read constants through the
+    table) and its exported library's answer."""
+    tmp = tmp_path_factory.mktemp(f"jit_constants_{request.param}")
+    ex = kiln.compile(model(), request.param)
     with load_module(ex.export_library(tmp / "model.so")) as lib:
         want = lib["main"](X)
-    return {"ex": ex, "want": want, "tmp": tmp}
+    return {"ex": ex, "want": want, "tmp": tmp, "target": request.param}
 
 
 def test_slots_read_the_constants_in_memory(built: dict[str, Any]) -> None:
@@ -112,7 +115,7 @@ def test_swap_moves_the_library_onto_its_own_constants(built: dict[str, Any]) ->
     ex = built["ex"]
     new_model = model(seed=72)
     new = {i.name: numpy_helper.to_array(i) for i in new_model.graph.initializer}
-    with load_module(kiln.compile(new_model, "llvm").export_library(
+    with load_module(kiln.compile(new_model, built["target"]).export_library(
             built["tmp"] / "new.so")) as fresh:
         want_new = fresh["main"](X)
     with jit(ex, relaid(ex, {0})) as lib:
@@ -176,8 +179,8 @@ def test_a_cache_hit_reads_its_constants_in_place(monkeypatch: pytest.MonkeyPatc
                                                   built: dict[str, Any]) -> None:
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("KILN_CACHE", raising=False)
-    first = kiln.compile(model(), "llvm")
-    again = kiln.compile(model(), "llvm")
+    first = kiln.compile(model(), built["target"])
+    again = kiln.compile(model(), built["target"])
     assert not first.cache_hit and again.cache_hit
     content = constants(again).content
     assert isinstance(content, memoryview) and content.readonly
