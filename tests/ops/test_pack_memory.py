@@ -65,3 +65,27 @@ def test_arrays_from_min_mapped_bytes_on_are_mapped_zeros() -> None:
     assert zeros[-1, -1] == 2.0
     small = pack_memory.empty((shape[0] - 1, 8), np.float32)
     assert not _on_mapping(small) and small.shape == (shape[0] - 1, 8)
+
+
+@pytest.mark.parametrize("name", list(PACKERS))
+def test_packed_weights_start_64_byte_aligned(name: str) -> None:
+    """Below MIN_MAPPED_BYTES too (numpy places data 16 bytes past 64 often): a library
+    loaded by the compiling process reads its constants in place only at the constant
+    pool's alignment (kiln.runtime.jit_constants)."""
+    for _ in range(8):  # several allocations: numpy's places vary
+        arr = PACKERS[name]()
+        assert arr.ctypes.data % pack_memory.ALIGN == 0
+        assert arr.flags.c_contiguous
+
+
+@pytest.mark.parametrize("make", [pack_memory.empty, pack_memory.zeros])
+@pytest.mark.parametrize("shape", [(3,), (5, 7), (2, 3, 4)])
+def test_small_arrays_are_aligned_and_shaped(make: Callable[..., np.ndarray],
+                                             shape: tuple[int, ...]) -> None:
+    arr = make(shape, np.float16)
+    assert arr.shape == shape and arr.dtype == np.float16 and arr.flags.writeable
+    assert arr.ctypes.data % pack_memory.ALIGN == 0
+    if make is pack_memory.zeros:
+        assert not arr.any()
+    arr[...] = 1  # writable in place
+    assert arr.sum() == arr.size

@@ -42,17 +42,32 @@ def _mapped(shape: Sequence[int], dtype: DTypeLike) -> np.ndarray | None:
     return np.frombuffer(area, dt, count).reshape(tuple(int(d) for d in shape))
 
 
+#: The alignment of every array here (numpy's own places data 16 bytes past it, often):
+#: the constant pool's (kiln.codegen.constants.CONST_ALIGN), which a library loaded by the
+#: process that compiled it reads its constants in place at (kiln.runtime.jit_constants).
+ALIGN = 64
+
+
+def _aligned(shape: Sequence[int], dtype: DTypeLike, fill: bool) -> np.ndarray:
+    """A numpy array of `shape` starting at a multiple of ALIGN (zeros with `fill`)."""
+    dt = np.dtype(dtype)
+    size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = (np.zeros if fill else np.empty)(size + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + size].view(dt).reshape(tuple(int(d) for d in shape))
+
+
 def empty(shape: Sequence[int], dtype: DTypeLike) -> np.ndarray:
     """A writable C-contiguous array of `shape` and `dtype` for a packed weight (its
-    values unspecified, as `np.empty`'s)."""
+    values unspecified, as `np.empty`'s), 64-byte aligned."""
     arr = _mapped(shape, dtype)
-    return np.empty(tuple(shape), dtype) if arr is None else arr
+    return _aligned(shape, dtype, False) if arr is None else arr
 
 
 def zeros(shape: Sequence[int], dtype: DTypeLike) -> np.ndarray:
     """`empty`, filled with zeros."""
     arr = _mapped(shape, dtype)
-    return np.zeros(tuple(shape), dtype) if arr is None else arr
+    return _aligned(shape, dtype, True) if arr is None else arr
 
 
 def copy_of(arr: np.ndarray) -> np.ndarray:
