@@ -57,7 +57,9 @@ class InPlace:
         """`export_library`'s `fill`: write every reserved datum but the constants read
         in place (of those, only the ones with no address)."""
         own = [d for d in deferred if d.symbol == self.symbol]
-        fill_linked_data(library, self.prefix, [d for d in deferred if d.symbol != self.symbol])
+        others = [d for d in deferred if d.symbol != self.symbol]
+        if others:
+            fill_linked_data(library, self.prefix, others)
         if not own:
             return
         with open(library, "r+b") as f:
