@@ -188,3 +188,18 @@ def test_a_cache_hit_reads_its_constants_in_place(monkeypatch: pytest.MonkeyPatc
     with again.jit() as lib:
         assert jit_constants.placement(lib) is not None
         np.testing.assert_array_equal(lib["main"](X), built["want"])
+
+
+def test_an_archive_loads_its_weights_in_place(tmp_path: Path) -> None:
+    """`load_module("x.tar")` reads members of 1 MiB or more into aligned memory, so the
+    library it links reads the constants there: the same answers as the `.so`."""
+    b = GraphBuilder(seed=73)
+    h = b.op("Relu", b.linear(b.input("x", [4, 64]), 64, 640))  # 160 KiB
+    b.output(b.op("MatMul", h, b.weight(640, 512)), [4, 512])  # 1.25 MiB
+    ex = kiln.compile(b.model(), "llvm")
+    with load_module(ex.export_library(tmp_path / "m.so")) as lib:
+        want = lib["main"](X)
+    with load_module(ex.export_library(tmp_path / "m.tar")) as lib:
+        placed = jit_constants.placement(lib)
+        assert placed is not None and all(read != home for home, read, _n in placed)
+        np.testing.assert_array_equal(lib["main"](X), want)

@@ -49,6 +49,10 @@ MIN_SUPPORTED_VERSION = 1
 
 # A manifest is a few KB; refuse to read an absurd one into memory.
 MAX_MANIFEST_SIZE = safe_tar.MAX_JSON_BYTES
+# Members from this size on are read into memory aligned to ALIGNED_READ bytes (the
+# constant pool's alignment): see read_tar.
+ALIGNED_FROM = 1 << 20
+ALIGNED_READ = 64
 
 # manifest.json per version (the artifacts' names are checked by Artifact itself, the
 # library metadata by kiln.artifact.library_schema when a library is loaded).
@@ -208,7 +212,7 @@ def read_tar(path: str | os.PathLike[str]) -> tuple[ArtifactSet, dict[str, Any]]
     def fail(message: str) -> NoReturn:
         raise FormatError(f"{where}: {message}")
 
-    members: dict[str, bytes] = {}
+    members: dict[str, bytes | memoryview] = {}
     dirs: set[str] = set()
     for member, reader in safe_tar.members(path, where):
         name = member.name
@@ -220,11 +224,15 @@ def read_tar(path: str | os.PathLike[str]) -> tuple[ArtifactSet, dict[str, Any]]
         if name == MANIFEST_NAME and member.size > MAX_MANIFEST_SIZE:
             fail(f"{MANIFEST_NAME} is {member.size} bytes, over the "
                  f"{MAX_MANIFEST_SIZE}-byte limit")
-        members[name] = safe_tar.read_exactly(reader, member, fail)
+        # Large members (the weights) land 64-byte aligned: a `jit`-style load reads
+        # them in place (kiln.runtime.jit_constants) instead of writing them again.
+        members[name] = (safe_tar.read_aligned(reader, member, fail, ALIGNED_READ)
+                         if member.size >= ALIGNED_FROM and name != MANIFEST_NAME else
+                         safe_tar.read_exactly(reader, member, fail))
 
     if MANIFEST_NAME not in members:
         fail(f"no {MANIFEST_NAME}: expected a kiln artifact archive")
-    manifest = parse_json_object(members.pop(MANIFEST_NAME), f"{where}: {MANIFEST_NAME}",
+    manifest = parse_json_object(bytes(members.pop(MANIFEST_NAME)), f"{where}: {MANIFEST_NAME}",
                                  FormatError)
     entries, metadata = _check_manifest(manifest, fail, f"{where}: {MANIFEST_NAME}")
 

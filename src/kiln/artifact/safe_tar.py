@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, NoReturn
 
+import numpy as np
+
 from kiln.errors import FormatError
 
 # The limits of every archive reader. A kiln archive holds a handful of members
@@ -129,6 +131,15 @@ class MemberReader(_Reader):
     def read(self, size: int | None = -1) -> bytes:
         try:
             return self.raw.read(-1 if size is None or size < 0 else size)
+        except _READ_ERRORS as err:
+            self.fail(f"member '{self.name}' cannot be read: the archive is truncated or "
+                      f"damaged ({err})")
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        """Read into `buffer` (without an intermediate copy); how many bytes (0 at the
+        member's end)."""
+        try:
+            return self.raw.readinto(buffer)  # type: ignore[attr-defined]
         except _READ_ERRORS as err:
             self.fail(f"member '{self.name}' cannot be read: the archive is truncated or "
                       f"damaged ({err})")
@@ -245,6 +256,25 @@ def read_exactly(data: MemberReader, member: Member, fail: Callable[[str], NoRet
     return out
 
 
+def read_aligned(data: MemberReader, member: Member, fail: Callable[[str], NoReturn],
+                 align: int) -> memoryview:
+    """`read_exactly`'s bytes, read-only, starting at a multiple of `align` in memory (a
+    library linked from them in this process reads its constants there in place)."""
+    raw = np.empty(member.size + align, np.uint8)
+    start = -raw.ctypes.data % align
+    view = raw[start:start + member.size].data.cast("B")
+    done = 0
+    while done < member.size:
+        got = data.readinto(view[done:])
+        if not got:
+            break
+        done += got
+    if done != member.size or data.read(1):
+        fail(f"member '{member.name}' is truncated: expected {member.size} bytes, "
+             f"found {done}")
+    return view.toreadonly()
+
+
 __all__ = ["MAX_JSON_BYTES", "MAX_MEMBERS", "MAX_MEMBER_BYTES", "MAX_STREAM_BYTES",
            "MAX_TOTAL_BYTES", "Member", "MemberReader", "check_member_name", "compression_of",
-           "looks_like_tar", "members", "read_exactly"]
+           "looks_like_tar", "members", "read_aligned", "read_exactly"]

@@ -16,6 +16,9 @@ Before anything rewrites the library's own constants (`swap_weights`), `reclaim`
 the rest into the library's file (its mapping, private but never written, shows the
 file's pages) and points every slot home, its calls paused.
 
+The same holds for any ArtifactSet linked and loaded here (`load_module("x.tar")`
+reads its large members into aligned memory: kiln.artifact.archive.read_tar).
+
 Only a build for one target qualifies (no artifact carries a device's target key): a
 split build's other kernels may address the constants without the table.
 """
