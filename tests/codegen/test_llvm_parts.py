@@ -14,6 +14,7 @@ is refused and rebuilt, never used.
 
 from __future__ import annotations
 
+import ctypes
 import re
 from pathlib import Path
 
@@ -252,3 +253,28 @@ def test_workers_take_parts_from_one_queue(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("KILN_CODEGEN_JOBS", "many")
     with pytest.raises(kiln.errors.CompileError, match="KILN_CODEGEN_JOBS"):
         parts.jobs()
+
+
+def test_two_groups_found_under_one_part_join_once(tmp_path: Path) -> None:
+    """Two kernel groups whose kiln IR differs may lower to one LLVM text, so the kernel
+    cache finds both under one part: its object is joined once and both model names
+    become aliases of its functions (joining it twice defined its content names twice:
+    `ld -r` refused the build)."""
+    config = llvm_codegen.machine_config(kiln.Target.from_host())
+    name = "kiln_part_0123456789abcdef01234567_0"
+    obj, bitcode, declared = parts.compile_part(
+        _tiny_part(3).replace('@"f3"', f'@"{name}"'), config, config.target_machine())
+    codes = [parts.PartCode(obj, bitcode, declared, {name: model}, {model: name}, "k" * 64)
+             for model in ("kiln__kernel_a", "kiln__kernel_b")]
+    aliases = {m: n for code in codes for m, n in code.aliases.items()}
+    ld = str(parts.linker())
+    with pytest.raises(kiln.errors.CompileError, match="multiple definition"):
+        parts.join_objects([code.obj for code in codes], ld, aliases)
+    joined = tmp_path / "kernels.o"
+    joined.write_bytes(parts.join_objects(parts.distinct_objects(codes), ld, aliases))
+    lib = native.link_shared([joined], tmp_path / "k.so")
+    dll = ctypes.CDLL(str(lib))
+    for model in ("kiln__kernel_a", "kiln__kernel_b"):
+        fn = getattr(dll, model)
+        fn.restype, fn.argtypes = ctypes.c_int32, [ctypes.c_int32]
+        assert fn(4) == 7

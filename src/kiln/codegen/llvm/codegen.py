@@ -258,7 +258,8 @@ def _compile_in_parts(lowered: LoweredModule, config: MachineConfig, host: Artif
         return results[0].obj, results[0].bitcode
     with timed_step("codegen.join"):
         aliases = {name: symbol for r in results for name, symbol in r.aliases.items()}
-        return (parts.join_objects([r.obj for r in results], str(parts.linker()), aliases),
+        return (parts.join_objects(parts.distinct_objects(results), str(parts.linker()),
+                                   aliases),
                 parts.join_bitcode(results))
 
 

@@ -276,6 +276,22 @@ def join_objects(objects: Sequence[bytes], ld: str,
         return out.read_bytes()
 
 
+def distinct_objects(codes: Sequence[PartCode]) -> list[bytes]:
+    """The objects of `codes` to join, each part named by its content once: two kernel
+    groups of a build may be found in the kernel cache under one part (their kiln IR
+    differs, the LLVM IR they lower to does not), and that part's object defines its
+    content names; the second group's functions are its aliases of them (the join's
+    `--defsym`), the same machine code."""
+    seen: set[str] = set()
+    out = []
+    for code in codes:
+        if code.key and code.key in seen:
+            continue
+        seen.add(code.key)
+        out.append(code.obj)
+    return out
+
+
 def join_bitcode(codes: Sequence[PartCode]) -> bytes:
     """The parts' optimised bitcode, under the model's names, linked into one module."""
     llvm = llvm_binding()
@@ -290,5 +306,5 @@ def join_bitcode(codes: Sequence[PartCode]) -> bytes:
     return bytes(modules[0].as_bitcode())
 
 
-__all__ = ["PartCode", "compile_part", "compile_parts", "jobs", "join_bitcode", "join_objects",
-           "linker", "machine_key"]
+__all__ = ["PartCode", "compile_part", "compile_parts", "distinct_objects", "jobs",
+           "join_bitcode", "join_objects", "linker", "machine_key"]
