@@ -33,8 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, NoReturn
 
-import numpy as np
-
+from kiln.artifact.segments import aligned_buffer
 from kiln.errors import FormatError
 
 # The limits of every archive reader. A kiln archive holds a handful of members
@@ -260,9 +259,7 @@ def read_aligned(data: MemberReader, member: Member, fail: Callable[[str], NoRet
                  align: int) -> memoryview:
     """`read_exactly`'s bytes, read-only, starting at a multiple of `align` in memory (a
     library linked from them in this process reads its constants there in place)."""
-    raw = np.empty(member.size + align, np.uint8)
-    start = -raw.ctypes.data % align
-    view = raw[start:start + member.size].data.cast("B")
+    view = aligned_buffer(member.size, align)
     done = 0
     while done < member.size:
         got = data.readinto(view[done:])

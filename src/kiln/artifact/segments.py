@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, TypeAlias, overload
 
+import numpy as np
+
 
 class Segments:
     """Read-only bytes given as an ordered list of byte pieces (views are kept, not copied)."""
@@ -171,3 +173,12 @@ def _write_all(f: IO[bytes], data: bytearray | memoryview) -> None:
 
 
 __all__ = ["Content", "Segments", "content_parts", "write_content", "write_content_in_blocks"]
+
+
+def aligned_buffer(size: int, align: int) -> memoryview:
+    """`size` writable bytes starting at a multiple of `align` in memory (a constants
+    blob read from a file, which a library linked in this process reads in place:
+    kiln.runtime.jit_constants); the view keeps its memory alive."""
+    raw = np.empty(size + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + size].data.cast("B")

@@ -75,8 +75,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 import kiln
 from kiln import __version__
 from kiln.artifact import Artifact, ArtifactSet
@@ -102,7 +100,7 @@ from kiln.artifact.schema import (
     optional,
     parse,
 )
-from kiln.artifact.segments import content_parts
+from kiln.artifact.segments import aligned_buffer, content_parts
 from kiln.codegen import kernel_cache
 from kiln.driver import source_digest
 from kiln.driver.direct_write import write_direct
@@ -341,9 +339,7 @@ def _read_aligned(path: Path, align: int) -> memoryview:
     try:
         st = os.fstat(fd)
         _check_trusted(st, path, str(path))
-        raw = np.empty(st.st_size + align, np.uint8)
-        start = -raw.ctypes.data % align
-        view = raw[start:start + st.st_size].data.cast("B")
+        view = aligned_buffer(st.st_size, align)
         with os.fdopen(fd, "rb", closefd=False) as f:
             if f.readinto(view) != st.st_size or f.read(1):
                 raise FormatError(f"{path} changed size while it was read")

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from kiln.artifact.artifact import NATIVE, AnyArtifact
-from kiln.artifact.segments import Segments
+from kiln.artifact.segments import Segments, content_parts
 from kiln.runtime.library import LinkedData, fill_linked_data, linked_places
 from kiln.runtime.shared_constants import checked_table, table_slots
 
@@ -53,6 +53,7 @@ class InPlace:
     symbol: str  # the constants' data symbol, `{prefix}_consts`
     entries: list[tuple[int, int]]
     addresses: list[int | None]
+    unplaced: list[tuple[int, memoryview]]  # (offset, bytes) of those without an address
     keep: Any  # the constants artifact's content: the arrays the slots point into
     left: list[LinkedData] = field(default_factory=list)  # reserved, not yet written
 
@@ -67,20 +68,9 @@ class InPlace:
             return
         with open(library, "r+b") as f:
             (start, _content), = linked_places(f, library, self.prefix, own)
-            for offset, view in self._unplaced(own[0].content):
+            for offset, view in self.unplaced:
                 _write_at(f.fileno(), view, start + offset)
         self.left = own
-
-    def _unplaced(self, content: Any) -> list[tuple[int, memoryview]]:
-        """(offset in the constants, bytes) of each constant without an address."""
-        pieces = _pieces(content)
-        starts = [at for at, _view, _address in pieces]
-        out = []
-        for (offset, size), address in zip(self.entries, self.addresses):
-            if address is None and size:
-                at, view, _ = pieces[bisect.bisect_right(starts, offset) - 1]
-                out.append((offset, view[offset - at:offset - at + size]))
-        return out
 
 
 _LOCK = threading.Lock()
@@ -106,6 +96,7 @@ def plan(artifacts: Sequence[AnyArtifact], prefix: str) -> InPlace | None:
     pieces = _pieces(art.content)
     starts = [at for at, _view, _address in pieces]
     addresses: list[int | None] = []
+    unplaced: list[tuple[int, memoryview]] = []
     for offset, size in entries:
         address = None
         if size:
@@ -117,20 +108,20 @@ def plan(artifacts: Sequence[AnyArtifact], prefix: str) -> InPlace | None:
                 return None  # not one array's bytes (never made by the pool)
             if (base + offset - at) % align == 0:
                 address = base + offset - at
+            else:
+                unplaced.append((offset, view[offset - at:offset - at + size]))
         addresses.append(address)
     if not any(addresses):
         return None
-    return InPlace(prefix, symbol, [(o, n) for o, n in entries], addresses, art.content)
+    return InPlace(prefix, symbol, [(o, n) for o, n in entries], addresses, unplaced,
+                   art.content)
 
 
 def _pieces(content: Any) -> list[tuple[int, memoryview, int]]:
     """(offset, bytes, address) of each non-empty piece of a constants artifact's content."""
-    parts = content.parts() if isinstance(content, Segments) else [content]
     out, at = [], 0
-    for part in parts:
-        view = memoryview(part).cast("B") if memoryview(part).ndim != 1 else memoryview(part)
-        if len(view):
-            out.append((at, view, int(np.frombuffer(view, np.uint8).ctypes.data)))
+    for view in Segments(content_parts(content)).parts():  # byte views, empty ones dropped
+        out.append((at, view, int(np.frombuffer(view, np.uint8).ctypes.data)))
         at += len(view)
     return out
 
