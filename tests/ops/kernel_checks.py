@@ -5,6 +5,7 @@ one ONNX model of independent cases, its random feeds, the onnxruntime reference
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ import kiln
 from kiln.frontend import from_onnx
 from support.graphs import GraphBuilder
 from support.numerics import assert_close
+from support.processes import outputs_in_fresh_process
 from support.reference import onnxruntime_outputs
 from support.targets import NATIVE_TARGETS, native_target
 
@@ -70,3 +72,19 @@ class KernelCases:
             return kiln.compile(from_onnx(model), native_target(request.param), **options)
 
         return native
+
+    def onnxruntime_tests(self) -> tuple[Callable[..., None], Callable[..., None]]:
+        """`test_matches_onnxruntime` and `test_in_a_fresh_process` (2 threads) over the
+        module's `native` and `reference` fixtures: assign them to module globals of
+        those names."""
+
+        def test_matches_onnxruntime(native: kiln.driver.Executable,
+                                     reference: list[np.ndarray]) -> None:
+            self.assert_close(list(native(*self.feeds.values())), reference)
+
+        def test_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
+                                    reference: list[np.ndarray]) -> None:
+            self.assert_close(outputs_in_fresh_process(native, self.feeds, tmp_path, 2),
+                              reference)
+
+        return test_matches_onnxruntime, test_in_a_fresh_process

@@ -10,22 +10,18 @@ Batch 2; llvm, llvm on the AVX2 path and c, in this process and in a fresh one.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import kernel_checks
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import kiln
 from kiln.driver.compiler import lower_for_codegen
 from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_ARG_DIMS
 from kiln.ir.printer import print_func
 from kiln.kernels.pool.lowering import BLOCKS_NAME, HEIGHT_NAME, WIDTH_NAME
 from kiln.target import Target
-from support.processes import outputs_in_fresh_process
 
 TOL = 1e-4
 RNG = np.random.default_rng(7)
@@ -62,18 +58,8 @@ MODEL = build_model()
 CASES = ["32 channels at 12x12", "48 channels at 6x6", "64 channels at 9x9",
          "stride 2 at 10x10"]
 CHECKS = kernel_checks.KernelCases(MODEL, CASES, TOL, RNG)
-FEEDS, assert_close = CHECKS.feeds, CHECKS.assert_close
 native, reference = CHECKS.native_fixture(), CHECKS.reference_fixture()
-
-
-def test_matches_onnxruntime(native: kiln.driver.Executable,
-                             reference: list[np.ndarray]) -> None:
-    assert_close(list(native(*FEEDS.values())), reference)
-
-
-def test_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
-                            reference: list[np.ndarray]) -> None:
-    assert_close(outputs_in_fresh_process(native, FEEDS, tmp_path, 2), reference)
+test_matches_onnxruntime, test_in_a_fresh_process = CHECKS.onnxruntime_tests()
 
 
 @pytest.mark.parametrize("target", ["llvm -mcpu=znver4", "llvm -mcpu=znver4 -mattr=-avx512f"])

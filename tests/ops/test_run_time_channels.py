@@ -12,21 +12,17 @@ static. Batch 2; llvm, llvm on the AVX2 path and c, in this process and in a fre
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import kernel_checks
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-import kiln
 from kiln.driver.compiler import lower_for_codegen
 from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_ARG_DIMS
 from kiln.ir.printer import print_func
 from kiln.target import Target
 from kiln.transform.run_time_channels import CHANNELS_NAME
-from support.processes import outputs_in_fresh_process
 
 TOL = 1e-5
 RNG = np.random.default_rng(11)
@@ -73,18 +69,8 @@ MODEL = build_model()
 CASES = [f"{kind} over {c} channels" for kind, group in
          (("scale", SCALED), ("gate", GATED), ("alone", (ALONE,))) for _, c in group]
 CHECKS = kernel_checks.KernelCases(MODEL, CASES, TOL, RNG)
-FEEDS, assert_close = CHECKS.feeds, CHECKS.assert_close
 native, reference = CHECKS.native_fixture(), CHECKS.reference_fixture()
-
-
-def test_matches_onnxruntime(native: kiln.driver.Executable,
-                             reference: list[np.ndarray]) -> None:
-    assert_close(list(native(*FEEDS.values())), reference)
-
-
-def test_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
-                            reference: list[np.ndarray]) -> None:
-    assert_close(outputs_in_fresh_process(native, FEEDS, tmp_path, 2), reference)
+test_matches_onnxruntime, test_in_a_fresh_process = CHECKS.onnxruntime_tests()
 
 
 def test_widths_share_a_kernel() -> None:

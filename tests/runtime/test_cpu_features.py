@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -118,11 +119,56 @@ def test_a_feature_the_table_cannot_decide_is_a_compile_error(
     assert "avx2" not in req.required_features(X86, "haswell", "-avx2")
 
 
-def test_probe_is_cached() -> None:
-    implied_features.cache_clear()
-    required_features(X86, "haswell", "")
-    required_features(X86, "haswell", "")
-    assert implied_features.cache_info().hits >= 1
+def _counted_probes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+    """Forget the probes made so far and record the candidates of each new one."""
+    import kiln.target.llvm_features as lf
+
+    monkeypatch.setattr(lf, "_ANSWERS", {})
+    made: list[tuple[str, ...]] = []
+    real = lf._probe
+
+    def probe(triple: str, cpu: str, features: str, candidates: list[str]) -> frozenset[str]:
+        made.append(tuple(candidates))
+        return real(triple, cpu, features, candidates)
+
+    monkeypatch.setattr(lf, "_probe", probe)
+    return made
+
+
+def test_probe_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = _counted_probes(monkeypatch)
+    first = required_features(X86, "haswell", "")
+    assert required_features(X86, "haswell", "") == first
+    assert len(made) == 1
+
+
+def test_a_probe_of_more_candidates_answers_fewer(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = _counted_probes(monkeypatch)
+    wide = implied_features(X86, "haswell", "-fma", ("avx2", "fma", "avx512f", "f16c"))
+    assert wide == {"avx2", "f16c"}
+    assert implied_features(X86, "haswell", "-fma", ("fma", "avx2")) == {"avx2"}
+    assert len(made) == 1
+    # a candidate the first probe did not ask about takes a probe of its own
+    assert implied_features(X86, "haswell", "-fma", ("avx2", "bmi2")) == {"avx2", "bmi2"}
+    assert len(made) == 2
+
+
+def test_threads_asking_at_once_share_one_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = _counted_probes(monkeypatch)
+    answers: list[frozenset[str]] = []
+    start = threading.Barrier(4)
+
+    def ask() -> None:
+        start.wait()
+        answers.append(implied_features(X86, "skylake", "", ("avx2", "avx512f", "sse4.1")))
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == [frozenset({"avx2", "sse4.1"})] * 4
+    assert len(made) == 1
 
 
 # ------------------------------------------------------------------ the host's side

@@ -54,23 +54,43 @@ def _probe_ir(triple: str, cpu: str, features: str, candidates: list[str]) -> st
     return "\n".join(lines) + "\n"
 
 
-@functools.cache
+# (triple, cpu, features) -> [(candidates, the implied ones among them)], by _PROBE
+_ANSWERS: dict[tuple[str, str, str], list[tuple[frozenset[str], frozenset[str]]]] = {}
+
+
 def implied_features(triple: str, cpu: str, features: str,
                      candidates: tuple[str, ...]) -> frozenset[str]:
-    """The names of `candidates` LLVM's subtarget for (triple, cpu, features) has."""
+    """The names of `candidates` LLVM's subtarget for (triple, cpu, features) has.
+
+    Asked of LLVM once a process per subtarget and candidates: a caller that asks while
+    another thread's probe runs waits for that probe (the code generator's preparation
+    asks beside the passes, kiln.codegen.llvm.codegen.prepare_llvm), and one answered for
+    a superset of `candidates` answers them."""
     if not candidates:
         return frozenset()
-    llvm = llvm_binding()
-    text = _probe_ir(triple, cpu, features, list(candidates))
+    wanted = frozenset(candidates)
     with _PROBE:  # one probe at a time: each builds its own context and pass manager
-        try:
-            tm = llvm.Target.from_triple(triple).create_target_machine(
-                cpu=cpu, features=features, opt=2)
-            mod = llvm.parse_assembly(text, llvm.create_context())
-        except RuntimeError as err:
-            raise CompileError(f"cannot ask LLVM which CPU features {triple} "
-                               f"(cpu {cpu!r}, features {features!r}) has: {err}") from None
-        pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
-        pb.getModulePassManager().run(mod, pb)
-        left = {fn.name for fn in mod.functions}
+        answers = _ANSWERS.setdefault((triple, cpu, features), [])
+        for asked, found in answers:
+            if wanted <= asked:
+                return found & wanted
+        found = _probe(triple, cpu, features, list(candidates))
+        answers.append((wanted, found))
+    return found
+
+
+def _probe(triple: str, cpu: str, features: str, candidates: list[str]) -> frozenset[str]:
+    """Run the inlining probe (see the module docstring); the caller holds _PROBE."""
+    llvm = llvm_binding()
+    text = _probe_ir(triple, cpu, features, candidates)
+    try:
+        tm = llvm.Target.from_triple(triple).create_target_machine(
+            cpu=cpu, features=features, opt=2)
+        mod = llvm.parse_assembly(text, llvm.create_context())
+    except RuntimeError as err:
+        raise CompileError(f"cannot ask LLVM which CPU features {triple} "
+                           f"(cpu {cpu!r}, features {features!r}) has: {err}") from None
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
+    pb.getModulePassManager().run(mod, pb)
+    left = {fn.name for fn in mod.functions}
     return frozenset(f for i, f in enumerate(candidates) if f"f{i}" not in left)

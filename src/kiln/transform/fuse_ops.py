@@ -287,8 +287,9 @@ def _operand_key(group: list[g.Binding], externals: list[g.Expr], ext_index: dic
     kiln.kernels.conv.run_time_width), the types with its input's and weight's left
     out, and that key, so that layers of every width share it (a lowering with
     `width_operands` 1, the NCHW{b}c pool, keys its one operand so, and only for a group
-    of itself alone). Not where the group reads either of them elsewhere (those reads
-    would be of the static width). Where the key
+    of itself alone; one with `width_reads_anchor_only`, the NCHW{b}c depthwise kernel,
+    only for a group that reads nothing but its anchor's operands). Not where the group
+    reads either of them elsewhere (those reads would be of the static width). Where the key
     is a `TilesKey` (the output channel tiles and image size at run time too), the
     bias (the anchor's third argument) and the operands shaped like the output are
     keyed by their dtype alone as well (`TilesKey.takes`)."""
@@ -304,6 +305,9 @@ def _operand_key(group: list[g.Binding], externals: list[g.Expr], ext_index: dic
         return tuple(types), None
     if count == 1 and len(group) > 1:  # a one-operand kernel (a pool) is shared alone
         return tuple(types), None
+    if getattr(lowering, "width_reads_anchor_only", False) and \
+            any(all(e is not a for a in anchor.args) for e in externals):
+        return tuple(types), None  # a fused op reads an operand of its own
     reads = Counter(id(a) for b in group if isinstance(b.value, g.Call) for a in b.value.args)
     if any(reads[id(a)] != 1 for a in operands):
         return tuple(types), None

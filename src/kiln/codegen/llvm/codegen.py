@@ -42,7 +42,7 @@ from kiln.errors import CompileError
 from kiln.ir.module import IRModule
 from kiln.ir.steps import timed_step
 from kiln.runtime.native import precompile_c
-from kiln.target.isa import isa_of
+from kiln.target.isa import isa_for, isa_of
 
 CODEGEN_ID = "llvm"
 _OFF = ("0", "false", "no", "off")
@@ -132,15 +132,17 @@ _PREPARING_LOCK = threading.Lock()
 
 
 def prepare_llvm(mod: IRModule, target: Any, *, prefix: str) -> None:
-    """Ask LLVM, on a thread beside the passes, which CPU features the code may use
-    (`MachineConfig.to_json`: a probe LLVM runs once a process, which took the main
-    thread at the start of code generation). C compiles started here instead ran beside
-    the passes' numpy work and slowed it more than they saved (docs/performance.md,
-    "Compile time, round eighteen")."""
+    """Ask LLVM, on a thread beside the passes, which CPU features the target has (the
+    ISA object the passes choose kernels by) and which the code may use
+    (`MachineConfig.to_json`): probes LLVM runs once a process, which took the main
+    thread in the passes and at the start of code generation. C compiles started here
+    instead ran beside the passes' numpy work and slowed it more than they saved
+    (docs/performance.md, "Compile time, round eighteen")."""
     config = machine_config(target)
 
     def probe() -> None:
-        with contextlib.suppress(Exception):  # codegen_llvm asks again and reports it
+        with contextlib.suppress(Exception):  # the passes and codegen_llvm ask again
+            isa_for(target)  # the passes' kernels need it first (block-convolutions)
             config.to_json()
 
     thread = threading.Thread(target=probe, name="kiln-prepare-llvm", daemon=True)

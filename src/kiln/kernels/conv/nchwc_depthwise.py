@@ -33,12 +33,14 @@ conversion, no shuffle). Its epilogue must not depend on the channel (a ReLU6).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from kiln.ir import graph as g
-from kiln.ir.attrs import ATTR_CONV_KERNEL
+from kiln.ir.analysis.tensor_queries import read_buffers
+from kiln.ir.attrs import ATTR_ARG_DIMS, ATTR_CONV_KERNEL
+from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
@@ -57,9 +59,12 @@ from kiln.ir.tensor import (
     select,
     seq,
 )
+from kiln.ir.types import TensorType
 from kiln.ir.visitor import iter_exprs
 from kiln.kernels.conv.bf16_words import words_output, zero_border
+from kiln.kernels.conv.run_time_width import TilesKey
 from kiln.kernels.gemm.bf16 import bf16_word
+from kiln.kernels.parallel_work import min_parallel_work
 from kiln.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
 from kiln.kernels.tiles import const as _c
 from kiln.kernels.tiles import loop as _loop
@@ -99,6 +104,77 @@ def conv_geometry(x_shape: Sequence[Any], attrs: Mapping[str, Any], kernel: tupl
     return conv_shape((x_shape[0], c, x_shape[2], x_shape[3]), c, kernel, attrs)
 
 
+#: The dimension scalars of a kernel over run-time sizes (`run_time_key`): its input's
+#: channel blocks, height and width (axes 1, 2 and 3).
+BLOCKS_NAME, HEIGHT_NAME, WIDTH_NAME = "kiln_dw_blocks", "kiln_dw_h", "kiln_dw_w"
+_OP = "conv2d_nchwc_depthwise"
+
+
+def run_time_key(x_shape: Sequence[Any], w_shape: Sequence[Any], x_dtype: str,
+                 attrs: Mapping[str, Any], isa: ISA) -> tuple[Any, ...] | None:
+    """What the kernel of a call on the blocked input `x_shape` and packed weight `w_shape`
+    over run-time channel blocks, height and width is built from besides them, or None
+    (a kernel of its own). Taken by undilated float32 layers (a `precision=bf16`
+    target's words excluded) of whole blocks, at least one tile wide between the border
+    columns (the columns whose window leaves the image). The key holds the tile,
+    whether the tiles run in parallel (the call's own work; at run time for a symbolic
+    batch) and the border columns (`border_columns`), which given the window, stride
+    and pads (the call's attributes, keyed with it) depend only on the width's
+    remainder modulo the stride: EfficientNet-B0's and MobileNetV2's depthwise layers
+    of one window and stride share a kernel from 112x112 down to 14x14. The taps, the
+    sums and their order are the static kernel's, so the outputs are the same bit for
+    bit."""
+    if isa.precision == "bf16" or x_dtype != "float32" or attrs.get(WORDS_INPUT) \
+            or attrs.get(HALF_WORDS) or len(x_shape) != 5 \
+            or not all(isinstance(d, int) for d in (*x_shape[1:], *w_shape)):
+        return None
+    block = int(x_shape[4])
+    shape = conv_geometry(x_shape, attrs, (int(w_shape[1]), int(w_shape[2])))
+    tile = recorded_tile(attrs, 1, _OP)
+    tile_w = tile[0] if tile else choose_tile_width(shape, isa)
+    lo, hi = inner_columns(shape)
+    if tuple(shape.dilation) != (1, 1) or shape.c_in % block or hi - lo < tile_w:
+        return None
+    work = _work(shape)
+    parallel = work >= min_parallel_work("madd", isa) if isinstance(work, int) else None
+    return "depthwise image", block, tile_w, parallel, border_columns(shape)
+
+
+def border_columns(shape: ConvShape) -> tuple[int, tuple[tuple[int, ...], ...]]:
+    """The count of left border columns and the taps of each right border column (the
+    output columns whose window leaves the image) of a static `shape`."""
+    lo, hi = inner_columns(shape)
+    return lo, tuple(tuple(column_taps(shape, ow)) for ow in range(hi, shape.out_w))
+
+
+def column_taps(shape: ConvShape, ow: int) -> list[int]:
+    """The kw whose input column lies inside the image for output column `ow`."""
+    sw, dw, left = shape.stride[1], shape.dilation[1], shape.pads[1]
+    return [k for k in range(shape.kw) if 0 <= ow * sw - left + k * dw < shape.w]
+
+
+def _work(shape: ConvShape) -> int:
+    """The multiply-adds of a layer (`parallel_when`'s measure)."""
+    return shape.n * shape.c_in * shape.out_h * shape.out_w * shape.kh * shape.kw
+
+
+def _run_time_sizes(shape: ConvShape, block: int, x: Buffer, w: Buffer,
+                    others: Sequence[Buffer | None]) -> tuple[ConvShape, dict[Buffer, Buffer]]:
+    """The geometry over the run-time sizes and the buffers `x`, `w` and `others` (the
+    bias or None, the output) over them: the input `[N][blocks][H][W][b]`, the weight
+    `[blocks][kh][kw][b]`, the bias `[blocks * b]`, the output `[N][blocks][OH][OW][b]`
+    (OH and OW expressions of H and W)."""
+    blocks, h, wd = (Var(name, INDEX_DTYPE) for name in (BLOCKS_NAME, HEIGHT_NAME, WIDTH_NAME))
+    channels = cast(int, blocks * block)  # ConvShape types its run-time sizes as ints
+    sized = replace(shape, c_in=channels, c_out=channels, groups=channels, h=cast(int, h),
+                    w=cast(int, wd))
+    n = x.shape[0]
+    dims = ((n, blocks, h, wd, block), (blocks, *w.shape[1:]), (blocks * block,),
+            (n, blocks, sized.out_h, sized.out_w, block))
+    return sized, {b: Buffer(b.name, d, b.dtype, b.scope)
+                   for b, d in zip((x, w, *others), dims, strict=True) if b is not None}
+
+
 def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
           anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
     """The kernel for `isa` of a `conv2d_nchwc_depthwise` call with its fused elementwise
@@ -122,22 +198,37 @@ def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
     store, out, words = output.store, output.out, output.source
     if halves and (shape.c_in % block or not _lane_free(store.epilogue, len(out_shape))):
         return None  # the lanes are in the words' order, not the channels'
-    tile = recorded_tile(attrs, 1, "conv2d_nchwc_depthwise")
+    tile = recorded_tile(attrs, 1, _OP)
     tile_w = tile[0] if tile else choose_tile_width(shape, isa)
-    xb = store.buffers[x]
+    xb, wb = store.buffers[x], store.buffers[wp]
+    bb = None if bias is None else store.buffers[bias]
+    buffers = [store.buffers[t] for t in params]
+    fattrs: dict[str, Any] = {ATTR_CONV_KERNEL: _OP}
+    # over run-time sizes where kiln.transform.fuse_ops keys the call so (`width_key`):
+    # the group reads nothing but the convolution's operands, the epilogue none of them
+    if words is None and all(any(t is a for a in args) for t in params) and \
+            run_time_key(x.shape, wp.shape, x.dtype, attrs, isa) is not None:
+        shape2, wide = _run_time_sizes(shape, block, xb, wb, (bb, out))
+        work = _work(shape)  # a symbolic batch's: chosen at run time
+        stmt = parallel_when(lambda: nest(
+            shape2, block, wide[xb], wide[wb], None if bb is None else wide[bb], wide[out],
+            tile_w, store.epilogue, isa.fma, columns=border_columns(shape)),
+            work if isinstance(work, int) else _work(shape2), isa=isa)
+        if not any(b in wide for b in read_buffers(stmt)):
+            at = next(i for i, t in enumerate(params) if t is x)
+            fattrs[ATTR_ARG_DIMS] = ((BLOCKS_NAME, at, 1), (HEIGHT_NAME, at, 2),
+                                     (WIDTH_NAME, at, 3))
+            return PrimFunc((*(wide.get(b, b) for b in buffers), wide[out]), stmt, fattrs)
     views: list[Stmt] = []
     if halves:  # the words as `b` bfloat16 values per position, in and out
         xb, outb = (Buffer(f"{buf.name}_halves", (*buf.shape[:-1], 2 * int(buf.shape[-1])),
                            "uint16") for buf in (xb, out))
         views = [DeclBuffer(xb, store.buffers[x], 0), DeclBuffer(outb, out, 0)]
     stmt = parallel_when(lambda: nest(
-        shape, block, xb, store.buffers[wp],
-        None if bias is None else store.buffers[bias], outb if halves else out, tile_w,
-        store.epilogue, isa.fma, words, words_in),
-        shape.n * shape.c_in * shape.out_h * shape.out_w * shape.kh * shape.kw, isa=isa)
+        shape, block, xb, wb, bb, outb if halves else out, tile_w,
+        store.epilogue, isa.fma, words, words_in), _work(shape), isa=isa)
     border = [] if words is None else zero_border(out, words.pads)
-    return PrimFunc((*(store.buffers[t] for t in params), out), seq(*border, *views, stmt),
-                    {ATTR_CONV_KERNEL: "conv2d_nchwc_depthwise"})
+    return PrimFunc((*buffers, out), seq(*border, *views, stmt), fattrs)
 
 
 def _lane_free(epilogue: Epilogue, ndim: int) -> bool:
@@ -156,10 +247,29 @@ class NchwcDepthwise:
 
     supports_symbolic = True
     fuses_producers = False
+    #: kiln.transform.fuse_ops: the run-time sizes are those of the input and weight, the
+    #: attributes that only say them are not keyed, and only a group that reads nothing
+    #: but the convolution's operands takes them
+    width_operands = 2
+    width_attrs = ("channels", "group")
+    width_reads_anchor_only = True
 
     def builds(self, call: g.Call) -> bool:
         """Every call: `lower_fused` declines the ones `build` does not take."""
         return True
+
+    def width_key(self, call: g.Call, isa: ISA) -> Hashable | None:
+        """What a kernel of `call` over run-time channel blocks, height and width
+        (`run_time_key`) is built from besides them (the bias keyed by its dtype alone,
+        `TilesKey`); None: a kernel of its own."""
+        x, w, out = (t.type for t in (*call.args[:2], call))
+        if not all(isinstance(t, TensorType) for t in (x, w, out)):
+            return None
+        assert isinstance(x, TensorType) and isinstance(w, TensorType)
+        assert isinstance(out, TensorType)
+        key = run_time_key(x.shape, w.shape, x.dtype, call.attrs, isa)
+        return None if key is None else TilesKey(key, tuple(out.shape),
+                                                 int(cast(int, call.attrs["channels"])))
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
                     attrs: Mapping[str, Any], anchor: te.Tensor | None,
@@ -238,7 +348,8 @@ class TileSums:
 
                 steps.append(lanes_loop("v", block, lane))
             body = seq(*steps)
-            if top or (shape.out_h - 1) * sh - top + (shape.kh - 1) * dh >= shape.h:
+            if not isinstance(shape.h, int) or top or \
+                    (shape.out_h - 1) * sh - top + (shape.kh - 1) * dh >= shape.h:
                 body = IfThenElse((ih >= 0) & (ih < shape.h), body)
             return body
 
@@ -252,7 +363,8 @@ class TileSums:
 
 def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None,
          out: Buffer, tile_w: int, epilogue: Epilogue, fused: bool,
-         words: WordsSource | None = None, words_in: bool = False) -> Stmt:
+         words: WordsSource | None = None, words_in: bool = False,
+         columns: tuple[int, tuple[tuple[int, ...], ...]] | None = None) -> Stmt:
     """The loop nest (see the module docstring): `x` `[N][C/b][H][W][b]`, `w`
     `[C/b][kh][kw][b]`, `bias` `[C/b * b]` or None, `out` `[N][C/b][OH][OW][b]`, or
     the words `words` describes (`[N][C/2b][rows][cols][b]` or `[N][C/2b][OH * OW][b]`:
@@ -261,21 +373,31 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
     uint16, the bfloat16 values of words of half blocks `[N][C/b][H * W][b]` in their
     memory order (`out` then the same of the words out)."""
     sw, dw, left = shape.stride[1], shape.dilation[1], shape.pads[1]
-    blocks = -(-shape.c_in // block)
+    # over run-time sizes (`run_time_key`) `x`'s channel blocks, height and width are its
+    # axes' variables, and `columns` the static call's `border_columns`
+    blocks = x.shape[1] if columns is not None else -(-shape.c_in // block)
     dtype = w.dtype
-    lo, hi = inner_columns(shape)
+    if columns is None:
+        lo, hi = inner_columns(shape)
+    else:
+        lo, hi = columns[0], shape.out_w - len(columns[1])
     sums = TileSums(shape, block, x, w, bias, fused, words_in)
 
     def taps(ow: int) -> list[int]:
-        """The kw whose input column lies inside the image for output column `ow`."""
-        return [k for k in range(shape.kw) if 0 <= ow * sw - left + k * dw < shape.w]
+        """The kw whose input column lies inside the image for output column `ow` (over
+        run-time sizes a left border column: the window ends inside the image, as the
+        inner columns' do)."""
+        if columns is not None:
+            return [k for k in range(shape.kw) if ow * sw - left + k * dw >= 0]
+        return column_taps(shape, ow)
 
     def value(stage: Buffer, idx: tuple[PrimExpr, ...], j: PrimExpr) -> PrimExpr:
         """Output `idx` (`[n][cb][oh][ow][v]`), staged at `stage[j, v]`, through the
         epilogue."""
         cb, v = idx[1], idx[4]
         out_value = epilogue(stage[j, v], idx)
-        if shape.c_in % block:  # the last block's padding channels stay zero
+        if isinstance(shape.c_in, int) and shape.c_in % block:
+            # the last block's padding channels stay zero
             out_value = select(cb * block + v < shape.c_in, out_value, as_expr(0.0, dtype))
         return out_value
 
@@ -334,7 +456,32 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
                        sums(n, 2 * cb + 1, oh, ow0, kws, upper, high))
         return seq(body, _loop("j", width, put) if width > 1 else put(_c(0)))
 
+    def run_time_row(n: PrimExpr, cb: PrimExpr, oh: PrimExpr) -> Stmt:
+        """A row over run-time sizes: the whole tiles from `lo`; of the positions left
+        before `hi`, half a tile where as many remain, then one position a tile (a
+        position's sums are the same whatever its tile: the outputs are the static
+        kernel's, whose tile of the rest's width would be a copy of the tile's code for
+        each width); then the right border columns `hi + j` with their taps."""
+        assert columns is not None
+        every = [list(range(shape.kw))]
+        end = cast(PrimExpr, hi)  # ConvShape types the run-time width's expressions as ints
+        full = (end - lo) // tile_w
+        done = full * tile_w + lo
+        half = tile_w // 2
+        steps: list[Stmt] = [
+            *(tile(n, cb, oh, _c(ow), [taps(ow)]) for ow in range(lo)),
+            _loop("owt", full, lambda t: tile(n, cb, oh, t * tile_w + lo, every * tile_w))]
+        if half > 1:
+            fits = end - done >= half
+            steps.append(IfThenElse(fits, tile(n, cb, oh, done, every * half)))
+            done = done + fits.astype(INDEX_DTYPE) * half
+        steps.append(_loop("owr", end - done, lambda t: tile(n, cb, oh, done + t, every)))
+        return seq(*steps, *(tile(n, cb, oh, end + j if j else end, [list(right)])
+                             for j, right in enumerate(columns[1])))
+
     def row(n: PrimExpr, cb: PrimExpr, oh: PrimExpr) -> Stmt:
+        if columns is not None:
+            return run_time_row(n, cb, oh)
         parts: list[Stmt] = [tile(n, cb, oh, _c(ow), [taps(ow)]) for ow in range(lo)]
         full, rest = divmod(hi - lo, tile_w)
         every = [list(range(shape.kw))]
