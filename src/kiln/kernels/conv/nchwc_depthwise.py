@@ -33,7 +33,7 @@ conversion, no shuffle). Its epilogue must not depend on the channel (a ReLU6).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -372,24 +372,11 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
     `words_in`: `x` is words of pairs `[N][C/2b][H * W][b]` (the words out of pairs), or,
     uint16, the bfloat16 values of words of half blocks `[N][C/b][H * W][b]` in their
     memory order (`out` then the same of the words out)."""
-    sw, dw, left = shape.stride[1], shape.dilation[1], shape.pads[1]
     # over run-time sizes (`run_time_key`) `x`'s channel blocks, height and width are its
     # axes' variables, and `columns` the static call's `border_columns`
     blocks = x.shape[1] if columns is not None else -(-shape.c_in // block)
     dtype = w.dtype
-    if columns is None:
-        lo, hi = inner_columns(shape)
-    else:
-        lo, hi = columns[0], shape.out_w - len(columns[1])
     sums = TileSums(shape, block, x, w, bias, fused, words_in)
-
-    def taps(ow: int) -> list[int]:
-        """The kw whose input column lies inside the image for output column `ow` (over
-        run-time sizes a left border column: the window ends inside the image, as the
-        inner columns' do)."""
-        if columns is not None:
-            return [k for k in range(shape.kw) if ow * sw - left + k * dw >= 0]
-        return column_taps(shape, ow)
 
     def value(stage: Buffer, idx: tuple[PrimExpr, ...], j: PrimExpr) -> PrimExpr:
         """Output `idx` (`[n][cb][oh][ow][v]`), staged at `stage[j, v]`, through the
@@ -456,43 +443,60 @@ def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None
                        sums(n, 2 * cb + 1, oh, ow0, kws, upper, high))
         return seq(body, _loop("j", width, put) if width > 1 else put(_c(0)))
 
-    def run_time_row(n: PrimExpr, cb: PrimExpr, oh: PrimExpr) -> Stmt:
-        """A row over run-time sizes: the whole tiles from `lo`; of the positions left
-        before `hi`, half a tile where as many remain, then one position a tile (a
-        position's sums are the same whatever its tile: the outputs are the static
-        kernel's, whose tile of the rest's width would be a copy of the tile's code for
-        each width); then the right border columns `hi + j` with their taps."""
-        assert columns is not None
-        every = [list(range(shape.kw))]
-        end = cast(PrimExpr, hi)  # ConvShape types the run-time width's expressions as ints
-        full = (end - lo) // tile_w
-        done = full * tile_w + lo
-        half = tile_w // 2
-        steps: list[Stmt] = [
-            *(tile(n, cb, oh, _c(ow), [taps(ow)]) for ow in range(lo)),
-            _loop("owt", full, lambda t: tile(n, cb, oh, t * tile_w + lo, every * tile_w))]
-        if half > 1:
-            fits = end - done >= half
-            steps.append(IfThenElse(fits, tile(n, cb, oh, done, every * half)))
-            done = done + fits.astype(INDEX_DTYPE) * half
-        steps.append(_loop("owr", end - done, lambda t: tile(n, cb, oh, done + t, every)))
-        return seq(*steps, *(tile(n, cb, oh, end + j if j else end, [list(right)])
-                             for j, right in enumerate(columns[1])))
-
     def row(n: PrimExpr, cb: PrimExpr, oh: PrimExpr) -> Stmt:
+        def at(ow0: PrimExpr, kws: list[list[int]]) -> Stmt:
+            return tile(n, cb, oh, ow0, kws)
+
         if columns is not None:
-            return run_time_row(n, cb, oh)
-        parts: list[Stmt] = [tile(n, cb, oh, _c(ow), [taps(ow)]) for ow in range(lo)]
-        full, rest = divmod(hi - lo, tile_w)
-        every = [list(range(shape.kw))]
-        if full:
-            parts.append(_loop("owt", full, lambda t: tile(
-                n, cb, oh, t * tile_w + lo, every * tile_w)) if full > 1
-                else tile(n, cb, oh, _c(lo), every * tile_w))
-        if rest:
-            parts.append(tile(n, cb, oh, _c(lo + full * tile_w), every * rest))
-        parts += [tile(n, cb, oh, _c(ow), [taps(ow)]) for ow in range(max(hi, lo), shape.out_w)]
-        return seq(*parts)
+            return _run_time_row(at, shape, tile_w, columns)
+        return _static_row(at, shape, tile_w)
 
     rows = blocks if words is None or words.half else blocks // 2
     return parallel_tiles((shape.n, rows, shape.out_h), row)
+
+
+def _static_row(tile: Callable[[PrimExpr, list[list[int]]], Stmt], shape: ConvShape,
+                tile_w: int) -> Stmt:
+    """The tiles of an output row (`tile(first column, each column's taps)`): the left
+    border columns one a tile, the whole tiles, the rest's tile, the right border."""
+    lo, hi = inner_columns(shape)
+    parts: list[Stmt] = [tile(_c(ow), [column_taps(shape, ow)]) for ow in range(lo)]
+    full, rest = divmod(hi - lo, tile_w)
+    every = [list(range(shape.kw))]
+    if full:
+        parts.append(_loop("owt", full, lambda t: tile(t * tile_w + lo, every * tile_w))
+                     if full > 1 else tile(_c(lo), every * tile_w))
+    if rest:
+        parts.append(tile(_c(lo + full * tile_w), every * rest))
+    parts += [tile(_c(ow), [column_taps(shape, ow)]) for ow in range(max(hi, lo), shape.out_w)]
+    return seq(*parts)
+
+
+def _run_time_row(tile: Callable[[PrimExpr, list[list[int]]], Stmt], shape: ConvShape,
+                  tile_w: int, columns: tuple[int, tuple[tuple[int, ...], ...]]) -> Stmt:
+    """`_static_row` over run-time sizes, `columns` the static call's `border_columns`:
+    the left border columns (their windows end inside the image, as the inner columns'
+    do), the whole tiles; of the positions left before the right border, half a tile
+    where as many remain, then one position a tile (a position's sums are the same
+    whatever its tile: the outputs are the static kernel's, whose tile of the rest's
+    width would be a copy of the tile's code for each width); then the right border
+    columns with their taps."""
+    sw, dw, left = shape.stride[1], shape.dilation[1], shape.pads[1]
+    lo, right = columns
+    # ConvShape types the run-time width's expressions as ints
+    end = cast(PrimExpr, shape.out_w - len(right))
+    every = [list(range(shape.kw))]
+    full = (end - lo) // tile_w
+    done = full * tile_w + lo
+    half = tile_w // 2
+    steps: list[Stmt] = [
+        *(tile(_c(ow), [[k for k in range(shape.kw) if ow * sw - left + k * dw >= 0]])
+          for ow in range(lo)),
+        _loop("owt", full, lambda t: tile(t * tile_w + lo, every * tile_w))]
+    if half > 1:
+        fits = end - done >= half
+        steps.append(IfThenElse(fits, tile(done, every * half)))
+        done = done + fits.astype(INDEX_DTYPE) * half
+    steps.append(_loop("owr", end - done, lambda t: tile(done + t, every)))
+    return seq(*steps, *(tile(end + j if j else end, [list(taps)])
+                         for j, taps in enumerate(right)))
