@@ -13,7 +13,8 @@ their own: a 5x5 layer at 9x9 (a narrower tile: 5 positions) and a 3x3 layer at 
 at 19x19 (an odd width: a right border column) over run-time sizes, and, static, a 3x3
 layer whose SiLU output is added to its input (a fused op reading an operand of the
 convolution again). Batch 1; llvm, llvm
-on the AVX2 path and c, in this process and in a fresh one; then a symbolic batch.
+on the AVX2 path and c, in this process and in a fresh one; then a symbolic batch, and
+`c -mcpu=native` (plain `c` keeps the layers NCHW).
 """
 
 from __future__ import annotations
@@ -120,3 +121,14 @@ def test_a_symbolic_batch() -> None:
         feeds = {n: RNG.standard_normal((batch, ci, hw, hw)).astype(np.float32)
                  for n, ci, hw, *_ in BRANCHES}
         assert_close(list(lib["main"](*feeds.values())), onnxruntime_outputs(model, feeds))
+
+
+def test_the_c_backend_for_this_cpu() -> None:
+    """`c -mcpu=native` blocks the layers as llvm does (plain `c`, of no vector width,
+    keeps them NCHW): the run-time kernels through the C compiler."""
+    target = Target("c -mcpu=native")
+    lowered = lower_for_codegen(from_onnx(MODEL), target)
+    assert any(f.attrs.get(ATTR_CONV_KERNEL) == "conv2d_nchwc_depthwise"
+               and ATTR_ARG_DIMS in f.attrs for f in lowered.functions.values())
+    lib = kiln.compile(from_onnx(MODEL), target).jit()
+    assert_close(list(lib["main"](*CHECKS.feeds.values())), CHECKS.reference())
