@@ -13,7 +13,10 @@ import onnx
 import pytest
 
 import kiln
+from kiln.driver.compiler import lower_for_codegen
 from kiln.frontend import from_onnx
+from kiln.ir.printer import print_func
+from kiln.target import Target
 from support.graphs import GraphBuilder
 from support.numerics import assert_close
 from support.processes import outputs_in_fresh_process
@@ -34,6 +37,16 @@ def branches_model(name: str, nodes: list[Any], inputs: list[Any], outputs: list
     b.add(*nodes)
     b.consts(inits)
     return b.model(inputs, outputs, name=name, check=False)  # outputs of unknown rank
+
+
+def kernel_calls(model: onnx.ModelProto, target: str, select: Callable[[str, Any], bool]
+                 ) -> tuple[dict[str, Any], dict[str, int]]:
+    """The kernels of `model` lowered for `target` that `select(name, function)` picks,
+    and how many calls of each the graph's `main` makes."""
+    lowered = lower_for_codegen(from_onnx(model), Target(target))
+    main = print_func(lowered["main"])
+    kernels = {name: f for name, f in lowered.functions.items() if select(name, f)}
+    return kernels, {name: main.count(f'"{name}"') for name in kernels}
 
 
 class KernelCases:

@@ -29,7 +29,6 @@ import kiln
 from kiln.driver.compiler import lower_for_codegen
 from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_ARG_DIMS, ATTR_CONV_KERNEL
-from kiln.ir.printer import print_func
 from kiln.kernels.conv.nchwc_depthwise import BLOCKS_NAME, HEIGHT_NAME, WIDTH_NAME
 from kiln.target import Target
 from support.reference import onnxruntime_outputs
@@ -91,12 +90,9 @@ test_matches_onnxruntime, test_in_a_fresh_process = CHECKS.onnxruntime_tests()
 
 @pytest.mark.parametrize("target", ["llvm -mcpu=znver4", "llvm -mcpu=znver4 -mattr=-avx512f"])
 def test_same_size_layers_share_a_kernel(target: str) -> None:
-    lowered = lower_for_codegen(from_onnx(MODEL), Target(target))
-    main = print_func(lowered["main"])
-    kernels = {name: f for name, f in lowered.functions.items()
-               if f.attrs.get(ATTR_CONV_KERNEL) == "conv2d_nchwc_depthwise"
-               and "parallel" not in name}
-    calls = {name: main.count(f'"{name}"') for name in kernels}
+    kernels, calls = kernel_checks.kernel_calls(
+        MODEL, target, lambda name, f: f.attrs.get(ATTR_CONV_KERNEL) == "conv2d_nchwc_depthwise"
+        and "parallel" not in name)
     shared = [name for name, f in kernels.items() if ATTR_ARG_DIMS in f.attrs]
     assert sorted(calls[name] for name in shared if calls[name] > 1) == sorted(SHARED)
     for name in shared:

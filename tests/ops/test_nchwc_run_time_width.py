@@ -27,17 +27,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
-from kiln.driver.compiler import lower_for_codegen
-from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_ARG_DIMS
-from kiln.ir.printer import print_func
 from kiln.kernels.conv.run_time_width import (
     HEIGHT_NAME,
     IMAGE_WIDTH_NAME,
     TILES_NAME,
     WIDTH_NAME,
 )
-from kiln.target import Target
 from support.processes import outputs_in_fresh_process
 
 TOL = 1e-4
@@ -129,11 +125,9 @@ def test_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Pa
 
 
 def test_layers_of_whole_blocks_share_a_kernel() -> None:
-    lowered = lower_for_codegen(from_onnx(MODEL), Target("llvm -mcpu=znver4"))
-    kernels = {name: f for name, f in lowered.functions.items()
-               if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc"}
-    main = print_func(lowered["main"])
-    calls = {name: main.count(f'"{name}"') for name in kernels}
+    kernels, calls = kernel_checks.kernel_calls(
+        MODEL, "llvm -mcpu=znver4",
+        lambda name, f: f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc")
     dims = {name: tuple(d[0] for d in f.attrs.get(ATTR_ARG_DIMS, ()))
             for name, f in kernels.items()}
     tiled = (WIDTH_NAME, TILES_NAME, HEIGHT_NAME, IMAGE_WIDTH_NAME)

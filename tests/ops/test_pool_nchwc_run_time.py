@@ -16,12 +16,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from kiln.driver.compiler import lower_for_codegen
-from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_ARG_DIMS
-from kiln.ir.printer import print_func
 from kiln.kernels.pool.lowering import BLOCKS_NAME, HEIGHT_NAME, WIDTH_NAME
-from kiln.target import Target
 
 TOL = 1e-4
 RNG = np.random.default_rng(7)
@@ -64,11 +60,9 @@ test_matches_onnxruntime, test_in_a_fresh_process = CHECKS.onnxruntime_tests()
 
 @pytest.mark.parametrize("target", ["llvm -mcpu=znver4", "llvm -mcpu=znver4 -mattr=-avx512f"])
 def test_pools_at_stride_one_share_a_kernel(target: str) -> None:
-    lowered = lower_for_codegen(from_onnx(MODEL), Target(target))
-    main = print_func(lowered["main"])
-    pools = {name: f for name, f in lowered.functions.items()
-             if f.attrs.get("kiln.pool_kernel") and "parallel" not in name}
-    calls = {name: main.count(f'"{name}"') for name in pools}
+    pools, calls = kernel_checks.kernel_calls(
+        MODEL, target, lambda name, f: bool(f.attrs.get("kiln.pool_kernel"))
+        and "parallel" not in name)
     shared = [name for name, f in pools.items() if ATTR_ARG_DIMS in f.attrs]
     assert [calls[name] for name in shared] == [3]
     f = pools[shared[0]]

@@ -17,11 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from kiln.driver.compiler import lower_for_codegen
-from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_ARG_DIMS
-from kiln.ir.printer import print_func
-from kiln.target import Target
 from kiln.transform.run_time_channels import CHANNELS_NAME
 
 TOL = 1e-5
@@ -74,11 +70,9 @@ test_matches_onnxruntime, test_in_a_fresh_process = CHECKS.onnxruntime_tests()
 
 
 def test_widths_share_a_kernel() -> None:
-    lowered = lower_for_codegen(from_onnx(MODEL), Target("llvm -mcpu=znver4"))
-    main = print_func(lowered["main"])
-    kernels = {name: f for name, f in lowered.functions.items()
-               if name.startswith("fused_") and "parallel" not in name}
-    calls = {name: main.count(f'"{name}"') for name in kernels}
+    kernels, calls = kernel_checks.kernel_calls(
+        MODEL, "llvm -mcpu=znver4",
+        lambda name, f: name.startswith("fused_") and "parallel" not in name)
     shared = sorted((name for name, f in kernels.items() if ATTR_ARG_DIMS in f.attrs),
                     key=lambda name: calls[name])
     assert [calls[name] for name in shared] == [2, 3]
