@@ -206,13 +206,15 @@ def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
     fattrs: dict[str, Any] = {ATTR_CONV_KERNEL: _OP}
     # over run-time sizes where kiln.transform.fuse_ops keys the call so (`width_key`):
     # the group reads nothing but the convolution's operands, the epilogue none of them
-    if words is None and all(any(t is a for a in args) for t in params) and \
-            run_time_key(x.shape, wp.shape, x.dtype, attrs, isa) is not None:
+    key = run_time_key(x.shape, wp.shape, x.dtype, attrs, isa) if words is None and all(
+        any(t is a for a in args) for t in params) else None
+    if key is not None:
         shape2, wide = _run_time_sizes(shape, block, xb, wb, (bb, out))
         work = _work(shape)  # a symbolic batch's: chosen at run time
+        columns = key[-1]  # the key's border columns (`border_columns`)
         stmt = parallel_when(lambda: nest(
             shape2, block, wide[xb], wide[wb], None if bb is None else wide[bb], wide[out],
-            tile_w, store.epilogue, isa.fma, columns=border_columns(shape)),
+            tile_w, store.epilogue, isa.fma, columns=columns),
             work if isinstance(work, int) else _work(shape2), isa=isa)
         if not any(b in wide for b in read_buffers(stmt)):
             at = next(i for i, t in enumerate(params) if t is x)
